@@ -1,0 +1,83 @@
+"""Every scheme by name: the one place that maps a name to its class.
+
+Example:
+    >>> from operators import registry
+    >>> "pkg" in registry.names()
+    True
+    >>> registry.create("nope", n_workers=2)
+    Traceback (most recent call last):
+    ...
+    operators.base.SchemeError: unknown scheme 'nope'; valid schemes: ...
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+from operators.base import Scheme, SchemeError
+
+#: name -> "module:Class". Modules load lazily so that naming one scheme compiles only it.
+_SCHEMES: dict[str, str] = {
+    "key": "operators.schemes.hashing:KeyGrouping",
+    "shuffle": "operators.schemes.hashing:ShuffleGrouping",
+    "pkg": "operators.schemes.pkg:PartialKeyGrouping",
+    "pkg-global": "operators.schemes.pkg:GlobalPartialKeyGrouping",
+    "pkg-probing": "operators.schemes.pkg:ProbingPartialKeyGrouping",
+    "potc": "operators.schemes.potc:StaticPowerOfTwoChoices",
+    "greedy-online": "operators.schemes.greedy:OnlineGreedy",
+    "greedy-offline": "operators.schemes.greedy:OfflineGreedy",
+    "d-choices": "operators.schemes.choices:DChoices",
+    "w-choices": "operators.schemes.choices:WChoices",
+    "fish": "operators.schemes.fish:Fish",
+    "consistent": "operators.schemes.consistent:ConsistentHashing",
+    "scan": "operators.schemes.gedik:Scan",
+    "redist": "operators.schemes.gedik:Redist",
+    "readj": "operators.schemes.gedik:Readj",
+    "llfd": "operators.schemes.fang:Llfd",
+    "mintable": "operators.schemes.fang:MinTable",
+    "minmig": "operators.schemes.fang:MinMig",
+    "mixed": "operators.schemes.fang:Mixed",
+}
+
+#: Schemes that only make sense in the simulator (they read global state no source has).
+SIMULATOR_ONLY = frozenset({"pkg-global", "pkg-probing", "greedy-offline"})
+
+
+def names() -> list[str]:
+    return list(_SCHEMES)
+
+
+def scheme_class(name: str) -> type[Scheme]:
+    try:
+        target = _SCHEMES[name]
+    except KeyError:
+        raise SchemeError(f"unknown scheme {name!r}; valid schemes: {', '.join(_SCHEMES)}") from None
+    module_name, class_name = target.split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def create(
+    name: str,
+    n_workers: int,
+    *,
+    source: int = 0,
+    n_sources: int = 1,
+    seed: int = 0,
+    **params: Any,
+) -> Scheme:
+    """A scheme object for one source; unknown parameters are an error naming the valid ones."""
+    cls = scheme_class(name)
+    accepted = {
+        p.name
+        for p in inspect.signature(cls.__init__).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    unknown = sorted(set(params) - accepted)
+    if unknown:
+        valid = sorted(accepted - {"source", "n_sources", "seed"})
+        raise SchemeError(
+            f"{name}: unknown parameter(s) {', '.join(unknown)}; valid: {', '.join(valid) or 'none'}"
+        )
+    return cls(n_workers, source=source, n_sources=n_sources, seed=seed, **params)

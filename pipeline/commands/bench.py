@@ -1,0 +1,10 @@
+"""`skewer bench`: placeholder until its issue lands; registered so `skewer --help` lists it."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("bench", help="(not built yet)")
+    parser.set_defaults(handler=lambda args: print("skewer bench: not built yet") or 1)

@@ -1,0 +1,10 @@
+"""`skewer sim`: placeholder until its issue lands; registered so `skewer --help` lists it."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("sim", help="(not built yet)")
+    parser.set_defaults(handler=lambda args: print("skewer sim: not built yet") or 1)
