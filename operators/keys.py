@@ -239,7 +239,11 @@ class KeyBatch:
 
 @numba.njit(cache=True)
 def _gather(
-    data: np.ndarray, offsets: np.ndarray, index: np.ndarray, out_offsets: np.ndarray, out: np.ndarray
+    data: np.ndarray,
+    offsets: np.ndarray,
+    index: np.ndarray,
+    out_offsets: np.ndarray,
+    out: np.ndarray,
 ) -> None:
     for i in range(index.shape[0]):
         src = offsets[index[i]]

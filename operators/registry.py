@@ -53,7 +53,9 @@ def scheme_class(name: str) -> type[Scheme]:
     try:
         target = _SCHEMES[name]
     except KeyError:
-        raise SchemeError(f"unknown scheme {name!r}; valid schemes: {', '.join(_SCHEMES)}") from None
+        raise SchemeError(
+            f"unknown scheme {name!r}; valid schemes: {', '.join(_SCHEMES)}"
+        ) from None
     module_name, class_name = target.split(":")
     return getattr(importlib.import_module(module_name), class_name)
 
@@ -76,8 +78,6 @@ def create(
     }
     unknown = sorted(set(params) - accepted)
     if unknown:
-        valid = sorted(accepted - {"source", "n_sources", "seed"})
-        raise SchemeError(
-            f"{name}: unknown parameter(s) {', '.join(unknown)}; valid: {', '.join(valid) or 'none'}"
-        )
+        valid = ", ".join(sorted(accepted - {"source", "n_sources", "seed"})) or "none"
+        raise SchemeError(f"{name}: unknown parameter(s) {', '.join(unknown)}; valid: {valid}")
     return cls(n_workers, source=source, n_sources=n_sources, seed=seed, **params)
