@@ -8,7 +8,7 @@ bounds each source's imbalance by one record (PKG paper §II, "SG").
 Example:
     >>> from operators.keys import KeyBatch
     >>> KeyGrouping(4).route(KeyBatch.from_strings(["a", "a", "a"])).tolist()
-    [0, 0, 0]
+    [2, 2, 2]
     >>> ShuffleGrouping(3).route(KeyBatch.from_strings(["a", "a", "a", "a"])).tolist()
     [0, 1, 2, 0]
 """
