@@ -1,0 +1,27 @@
+"""What one paper experiment hands to ``skewer bench paper``.
+
+Each module in :mod:`bench.experiments` defines ``run(quick: bool = False) -> ExperimentResult``.
+The harness (:mod:`bench.harness`) writes ``bench/results/<name>.md`` headed by the command and
+the machine, followed by ``markdown``, and saves every figure as ``<name>_<figure>.png`` next to
+it. ``quick`` shrinks the experiment for tests (seconds, not minutes); the recorded results use
+``quick=False``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ExperimentResult:
+    #: File stem, e.g. ``"pkg_table2"``.
+    name: str
+    #: One-line title, e.g. ``"PKG Table II: average imbalance, WP-like and TW-like"``.
+    title: str
+    #: Tables (markdown) and the comparison with the paper: where ours agree, and why not.
+    markdown: str
+    #: matplotlib Figures by short name; the harness saves and closes them.
+    figures: dict[str, Any] = field(default_factory=dict)
+    #: The numbers behind the tables, for tests and for JSON export.
+    data: dict[str, Any] = field(default_factory=dict)
