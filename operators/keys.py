@@ -57,44 +57,58 @@ def _read_u64(data: np.ndarray, pos: int) -> np.uint64:
     return value
 
 
-@numba.njit
-def murmur3_x64_128_low(data: np.ndarray, start: int, end: int, seed: int) -> np.int64:
-    """First 64 bits of MurmurHash3_x64_128(data[start:end], seed), as a signed integer."""
-    length = end - start
-    nblocks = length // 16
-    h1 = np.uint64(seed & 0xFFFFFFFF)
-    h2 = h1
-    for i in range(nblocks):
-        k1 = _read_u64(data, start + 16 * i)
-        k2 = _read_u64(data, start + 16 * i + 8)
-        k1 *= _C1
-        k1 = _rotl64(k1, 31)
-        k1 *= _C2
-        h1 ^= k1
-        h1 = _rotl64(h1, 27)
-        h1 += h2
-        h1 = h1 * np.uint64(5) + np.uint64(0x52DCE729)
-        k2 *= _C2
-        k2 = _rotl64(k2, 33)
-        k2 *= _C1
-        h2 ^= k2
-        h2 = _rotl64(h2, 31)
-        h2 += h1
-        h2 = h2 * np.uint64(5) + np.uint64(0x38495AB5)
-    tail = start + 16 * nblocks
-    remainder = length & 15
+@numba.njit(inline="always")
+def _mix_block(h1: np.uint64, h2: np.uint64, k1: np.uint64, k2: np.uint64) -> tuple:
+    k1 *= _C1
+    k1 = _rotl64(k1, 31)
+    k1 *= _C2
+    h1 ^= k1
+    h1 = _rotl64(h1, 27)
+    h1 += h2
+    h1 = h1 * np.uint64(5) + np.uint64(0x52DCE729)
+    k2 *= _C2
+    k2 = _rotl64(k2, 33)
+    k2 *= _C1
+    h2 ^= k2
+    h2 = _rotl64(h2, 31)
+    h2 += h1
+    h2 = h2 * np.uint64(5) + np.uint64(0x38495AB5)
+    return h1, h2
+
+
+@numba.njit(inline="always")
+def _tail_words(data: np.ndarray, tail: int, remainder: int) -> tuple:
+    """The last ``remainder`` (< 16) bytes as two little-endian words, zero padded."""
+    k1 = np.uint64(0)
+    k2 = np.uint64(0)
+    if tail + 16 <= data.shape[0]:
+        # Fixed-trip loops compile to straight-line selects: no mispredicted loop exit per key
+        # (variable key lengths made the byte loop the hash's main cost).
+        for j in range(8):
+            byte = np.uint64(data[tail + j]) if j < remainder else np.uint64(0)
+            k1 |= byte << np.uint64(8 * j)
+        for j in range(8):
+            byte = np.uint64(data[tail + 8 + j]) if j + 8 < remainder else np.uint64(0)
+            k2 |= byte << np.uint64(8 * j)
+    else:
+        for j in range(remainder):
+            if j < 8:
+                k1 |= np.uint64(data[tail + j]) << np.uint64(8 * j)
+            else:
+                k2 |= np.uint64(data[tail + j]) << np.uint64(8 * (j - 8))
+    return k1, k2
+
+
+@numba.njit(inline="always")
+def _finish(
+    h1: np.uint64, h2: np.uint64, k1: np.uint64, k2: np.uint64, remainder: int, length: int
+) -> np.int64:
     if remainder > 8:
-        k2 = np.uint64(0)
-        for j in range(remainder - 1, 7, -1):
-            k2 ^= np.uint64(data[tail + j]) << np.uint64(8 * (j - 8))
         k2 *= _C2
         k2 = _rotl64(k2, 33)
         k2 *= _C1
         h2 ^= k2
     if remainder > 0:
-        k1 = np.uint64(0)
-        for j in range(min(remainder, 8) - 1, -1, -1):
-            k1 ^= np.uint64(data[tail + j]) << np.uint64(8 * j)
         k1 *= _C1
         k1 = _rotl64(k1, 31)
         k1 *= _C2
@@ -109,6 +123,46 @@ def murmur3_x64_128_low(data: np.ndarray, start: int, end: int, seed: int) -> np
     return np.int64(h1)
 
 
+@numba.njit(inline="always")
+def murmur3_x64_128_low(data: np.ndarray, start: int, end: int, seed: int) -> np.int64:
+    """First 64 bits of MurmurHash3_x64_128(data[start:end], seed), as a signed integer."""
+    length = end - start
+    nblocks = length // 16
+    h1 = np.uint64(seed & 0xFFFFFFFF)
+    h2 = h1
+    for i in range(nblocks):
+        k1 = _read_u64(data, start + 16 * i)
+        k2 = _read_u64(data, start + 16 * i + 8)
+        h1, h2 = _mix_block(h1, h2, k1, k2)
+    remainder = length & 15
+    k1, k2 = _tail_words(data, start + 16 * nblocks, remainder)
+    return _finish(h1, h2, k1, k2, remainder, length)
+
+
+@numba.njit(inline="always")
+def murmur3_x64_128_low_pair(
+    data: np.ndarray, start: int, end: int, seed_a: int, seed_b: int
+) -> tuple:
+    """:func:`murmur3_x64_128_low` for two seeds at once, reading the key's bytes once."""
+    length = end - start
+    nblocks = length // 16
+    a1 = np.uint64(seed_a & 0xFFFFFFFF)
+    a2 = a1
+    b1 = np.uint64(seed_b & 0xFFFFFFFF)
+    b2 = b1
+    for i in range(nblocks):
+        k1 = _read_u64(data, start + 16 * i)
+        k2 = _read_u64(data, start + 16 * i + 8)
+        a1, a2 = _mix_block(a1, a2, k1, k2)
+        b1, b2 = _mix_block(b1, b2, k1, k2)
+    remainder = length & 15
+    k1, k2 = _tail_words(data, start + 16 * nblocks, remainder)
+    return (
+        _finish(a1, a2, k1, k2, remainder, length),
+        _finish(b1, b2, k1, k2, remainder, length),
+    )
+
+
 @numba.njit(cache=True)
 def _hash_batch(data: np.ndarray, offsets: np.ndarray, seed: int) -> np.ndarray:
     n = offsets.shape[0] - 1
@@ -119,15 +173,33 @@ def _hash_batch(data: np.ndarray, offsets: np.ndarray, seed: int) -> np.ndarray:
 
 
 @numba.njit(cache=True)
+def _hash_batch_pair(data: np.ndarray, offsets: np.ndarray, seed_a: int, seed_b: int) -> tuple:
+    n = offsets.shape[0] - 1
+    out_a = np.empty(n, dtype=np.int64)
+    out_b = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        out_a[i], out_b[i] = murmur3_x64_128_low_pair(
+            data, offsets[i], offsets[i + 1], seed_a, seed_b
+        )
+    return out_a, out_b
+
+
+@numba.njit(inline="always")
+def _magnitude(v: np.int64) -> np.uint64:
+    """|v| as uint64, exact also for -2^63 (where int64 abs overflows)."""
+    return np.uint64(v) if v >= 0 else np.uint64(-(v + 1)) + np.uint64(1)
+
+
+@numba.njit(cache=True)
 def _decimal_lengths(values: np.ndarray) -> np.ndarray:
     lengths = np.empty(values.shape[0] + 1, dtype=np.int64)
     lengths[0] = 0
     for i in range(values.shape[0]):
         v = values[i]
         digits = 1 if v >= 0 else 2
-        v = abs(v)
-        while v >= 10:
-            v //= 10
+        magnitude = _magnitude(v)
+        while magnitude >= np.uint64(10):
+            magnitude //= np.uint64(10)
             digits += 1
         lengths[i + 1] = lengths[i] + digits
     return lengths
@@ -137,17 +209,15 @@ def _decimal_lengths(values: np.ndarray) -> np.ndarray:
 def _decimal_encode(values: np.ndarray, offsets: np.ndarray, out: np.ndarray) -> None:
     for i in range(values.shape[0]):
         v = values[i]
-        end = offsets[i + 1]
-        pos = end - 1
-        negative = v < 0
-        v = abs(v)
+        pos = offsets[i + 1] - 1
+        magnitude = _magnitude(v)
         while True:
-            out[pos] = 48 + v % 10
-            v //= 10
+            out[pos] = np.uint8(48) + np.uint8(magnitude % np.uint64(10))
+            magnitude //= np.uint64(10)
             pos -= 1
-            if v == 0:
+            if magnitude == np.uint64(0):
                 break
-        if negative:
+        if v < 0:
             out[pos] = 45
 
 
@@ -229,6 +299,16 @@ class KeyBatch:
             self._hashes[seed] = cached
         return cached
 
+    def hash64_pair(self, seed_a: int, seed_b: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(hash64(seed_a), hash64(seed_b))``, computed in one pass over the bytes if neither
+        is memoized yet (PKG's two candidates then cost about 1.3 hashes instead of 2)."""
+        if seed_a in self._hashes or seed_b in self._hashes or seed_a == seed_b:
+            return self.hash64(seed_a), self.hash64(seed_b)
+        first, second = _hash_batch_pair(self.data, self.offsets, seed_a, seed_b)
+        self._hashes[seed_a] = first
+        self._hashes[seed_b] = second
+        return first, second
+
     def key_ids(self) -> np.ndarray:
         """A 64-bit fingerprint per key: the identity used by sketches and routing tables."""
         return self.hash64(KEY_ID_SEED)
@@ -252,6 +332,51 @@ def _gather(
             out[dst + j] = data[src + j]
 
 
+#: Largest W for which :func:`abs_mod` takes its division-free path (see there).
+_FAST_MOD_LIMIT = 1 << 21
+
+
+@numba.njit(inline="always")
+def mod_constants(n_workers: int) -> tuple:
+    """``(2^32 mod W, 1/W)``: what :func:`abs_mod` needs, computed once per batch."""
+    if n_workers > _FAST_MOD_LIMIT:
+        return np.int64(-1), 0.0
+    return np.int64((1 << 32) % n_workers), 1.0 / n_workers
+
+
+@numba.njit(inline="always")
+def abs_mod(h: np.int64, n_workers: int, two32_mod: np.int64, inverse: float) -> np.int64:
+    """``|h| mod W`` exactly as :func:`choice_from_hash`, for use inside compiled kernels.
+
+    A 64-bit division costs more than the rest of PKG's routing together, so for
+    ``W <= 2^21`` the magnitude ``x = hi·2^32 + lo`` is first folded to
+    ``y = hi·(2^32 mod W) + lo < 2^53`` (same residue, exact in a double), then
+    ``y - floor(y/W)·W`` is computed with one float multiply; the float quotient is off by at
+    most one, which the final correction fixes.
+    """
+    magnitude = np.uint64(h) if h >= 0 else np.uint64(-(h + 1)) + np.uint64(1)
+    if two32_mod < 0:
+        return np.int64(magnitude % np.uint64(n_workers))
+    folded = np.int64(magnitude >> np.uint64(32)) * two32_mod + np.int64(
+        magnitude & np.uint64(0xFFFFFFFF)
+    )
+    residue = folded - np.int64(np.float64(folded) * inverse) * n_workers
+    if residue < 0:
+        residue += n_workers
+    elif residue >= n_workers:
+        residue -= n_workers
+    return residue
+
+
+@numba.njit(cache=True)
+def _choices(hashes: np.ndarray, n_workers: int) -> np.ndarray:
+    two32_mod, inverse = mod_constants(n_workers)
+    out = np.empty(hashes.shape[0], dtype=np.int32)
+    for i in range(hashes.shape[0]):
+        out[i] = abs_mod(hashes[i], n_workers, two32_mod, inverse)
+    return out
+
+
 def choice_from_hash(hashes: np.ndarray, n_workers: int) -> np.ndarray:
     """Worker ``|h| mod W`` per hash, as Storm's original PKG does with Guava's ``asLong()``.
 
@@ -259,5 +384,6 @@ def choice_from_hash(hashes: np.ndarray, n_workers: int) -> np.ndarray:
     so for that one value Java yields a negative index (Storm would throw); we use 2^63 mod W
     instead. Everything else matches Java bit for bit.
     """
-    magnitude = np.abs(hashes.astype(np.int64)).view(np.uint64)
-    return (magnitude % np.uint64(n_workers)).astype(np.int32)
+    if int(n_workers) < 1:
+        raise ValueError(f"number of workers must be >= 1, got {n_workers}")
+    return _choices(np.ascontiguousarray(hashes, dtype=np.int64).ravel(), int(n_workers))

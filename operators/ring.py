@@ -7,8 +7,12 @@ point ``>=`` the key, wrapping past the top). Adding a worker therefore takes ke
 others, never moves keys between existing workers, and gives the newcomer about ``1/N`` of the
 keys once ``replicas`` is large (Gedik §4.1 uses 1000; FISH §5 uses virtual nodes likewise).
 
-Lookup is a binary search over the sorted points: ``O(log(N·replicas))`` per key, all keys of a
-batch at once in numpy.
+Lookup is O(1) expected by *bucketing* the ring, as Karger et al. and Gedik §5.2 suggest: the
+64-bit space is cut into ``2^b >= 2·points`` equal buckets, each remembering the first point at
+or after its start, so a lookup jumps to its bucket and steps past at most a few points; a
+bucket with no point inside stores its owner outright (about 60% of them), so most lookups
+touch one small array. Rings only change when workers come or go, while lookups run per
+record, so the index is rebuilt on ``add``/``remove``.
 
 Example:
     >>> import numpy as np
@@ -16,16 +20,32 @@ Example:
     >>> owners = ring.owners(np.array([1, 2**40, -5], dtype=np.int64))
     >>> set(owners.tolist()) <= {0, 1, 2, 3}
     True
+    >>> bool(np.all(ring.successors(np.array([7]), 2)[:, 0] == ring.owners(np.array([7]))))
+    True
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 import numba
 import numpy as np
 
 from operators.keys import KeyBatch
+
+#: Flipping the sign bit maps signed int64 order onto unsigned order, so the top bits of the
+#: flipped value name a bucket and buckets follow ring order.
+_SIGN_BIT = np.uint64(1 << 63)
+
+
+@functools.lru_cache(maxsize=4096)
+def _worker_points(worker: int, replicas: int, seed: int) -> np.ndarray:
+    """The ring points of one worker; cached because every source builds the same ring."""
+    labels = KeyBatch.from_bytes(f"{worker}#{r}".encode() for r in range(replicas))
+    points = labels.hash64(seed)
+    points.flags.writeable = False
+    return points
 
 
 class HashRing:
@@ -37,39 +57,88 @@ class HashRing:
         self._workers: list[int] = []
         self.points = np.empty(0, dtype=np.int64)
         self.point_owner = np.empty(0, dtype=np.int32)
-        for worker in workers:
-            self.add(worker)
+        self._bucket_bits = 0
+        self._bucket_first = np.zeros(2, dtype=np.int64)
+        self._bucket_entry = np.full(2, -1, dtype=np.int32)
+        self._insert(list(workers))
+        self._index()
 
     @property
     def workers(self) -> list[int]:
         return list(self._workers)
 
-    def _replica_points(self, worker: int) -> np.ndarray:
-        labels = KeyBatch.from_bytes(f"{worker}#{r}".encode() for r in range(self.replicas))
-        return labels.hash64(self.seed)
+    def _replica_points(self, workers: list[int]) -> np.ndarray:
+        return np.concatenate(
+            [_worker_points(int(w), self.replicas, self.seed) for w in workers]
+            or [np.empty(0, dtype=np.int64)]
+        )
 
-    def add(self, worker: int) -> None:
-        if worker in self._workers:
-            raise ValueError(f"worker {worker} is already on the ring")
-        self._workers.append(int(worker))
-        points = np.concatenate([self.points, self._replica_points(worker)])
-        owners = np.concatenate([self.point_owner, np.full(self.replicas, worker, np.int32)])
+    def _insert(self, workers: list[int]) -> None:
+        if len(set(workers)) != len(workers):
+            raise ValueError(f"workers {workers} repeat a worker")
+        for worker in workers:
+            if worker in self._workers:
+                raise ValueError(f"worker {worker} is already on the ring")
+        self._workers.extend(int(worker) for worker in workers)
+        added = np.repeat(np.asarray(workers, dtype=np.int32), self.replicas)
+        points = np.concatenate([self.points, self._replica_points(workers)])
+        owners = np.concatenate([self.point_owner, added])
         # Ties (a 2^-64 event) break by owner so every source builds the identical ring.
         order = np.lexsort((owners, points))
         self.points, self.point_owner = points[order], owners[order]
+
+    def _index(self) -> None:
+        """Rebuild the bucket index.
+
+        ``bucket_first[b]``: the first point at or after bucket ``b``'s start.
+        ``bucket_entry[b]``: the owner of every position in ``b`` when no point lies inside
+        the bucket (most buckets: one memory access per lookup), else ``-(first + 1)``.
+        """
+        n_points = self.points.shape[0]
+        bits = min(max(1, int(np.ceil(np.log2(max(2 * n_points, 2))))), 32)
+        starts = (np.arange(1 << bits, dtype=np.uint64) << np.uint64(64 - bits)) ^ _SIGN_BIT
+        first = np.searchsorted(self.points, starts.view(np.int64), side="left")
+        following = np.append(first[1:], n_points)
+        entry = np.full(first.shape[0], -1, dtype=np.int32)
+        if n_points:
+            pure = first == following
+            entry[pure] = self.point_owner[first[pure] % n_points]
+            entry[~pure] = -(first[~pure] + 1)
+        self._bucket_bits = bits
+        self._bucket_first = first.astype(np.int64)
+        self._bucket_entry = entry
+
+    def add(self, worker: int) -> None:
+        self._insert([int(worker)])
+        self._index()
 
     def remove(self, worker: int) -> None:
         self._workers.remove(worker)
         keep = self.point_owner != worker
         self.points, self.point_owner = self.points[keep], self.point_owner[keep]
+        self._index()
+
+    def _start_points(self, positions: np.ndarray) -> np.ndarray:
+        if not self._workers:
+            raise ValueError("ring has no workers")
+        return _first_points(
+            self.points,
+            self._bucket_first,
+            self._bucket_bits,
+            np.ascontiguousarray(positions, dtype=np.int64),
+        )
 
     def owners(self, positions: np.ndarray) -> np.ndarray:
         """The worker owning each ring position (e.g. ``KeyBatch.key_ids()``)."""
         if not self._workers:
             raise ValueError("ring has no workers")
-        index = np.searchsorted(self.points, positions, side="left")
-        index[index == self.points.shape[0]] = 0
-        return self.point_owner[index]
+        return _owners(
+            self.points,
+            self.point_owner,
+            self._bucket_entry,
+            self._bucket_bits,
+            np.ascontiguousarray(positions, dtype=np.int64),
+        )
 
     def successors(self, positions: np.ndarray, count: int) -> np.ndarray:
         """The first ``count`` distinct workers clockwise from each position, shape (n, count).
@@ -78,8 +147,55 @@ class HashRing:
         workers on the ring.
         """
         count = min(int(count), len(self._workers))
-        start = np.searchsorted(self.points, positions, side="left")
+        start = self._start_points(positions)
         return _walk_distinct(self.point_owner, start, count, max(self._workers) + 1)
+
+
+@numba.njit(inline="always")
+def _first_point(
+    points: np.ndarray, bucket_first: np.ndarray, bits: int, position: np.int64
+) -> np.int64:
+    bucket = (np.uint64(position) ^ _SIGN_BIT) >> np.uint64(64 - bits)
+    index = bucket_first[bucket]
+    n_points = points.shape[0]
+    while index < n_points and points[index] < position:
+        index += 1
+    if index == n_points:
+        index = 0
+    return index
+
+
+@numba.njit(cache=True)
+def _first_points(
+    points: np.ndarray, bucket_first: np.ndarray, bits: int, positions: np.ndarray
+) -> np.ndarray:
+    out = np.empty(positions.shape[0], dtype=np.int64)
+    for i in range(positions.shape[0]):
+        out[i] = _first_point(points, bucket_first, bits, positions[i])
+    return out
+
+
+@numba.njit(cache=True)
+def _owners(
+    points: np.ndarray,
+    point_owner: np.ndarray,
+    bucket_entry: np.ndarray,
+    bits: int,
+    positions: np.ndarray,
+) -> np.ndarray:
+    out = np.empty(positions.shape[0], dtype=np.int32)
+    n_points = points.shape[0]
+    for i in range(positions.shape[0]):
+        position = positions[i]
+        entry = bucket_entry[(np.uint64(position) ^ _SIGN_BIT) >> np.uint64(64 - bits)]
+        if entry >= 0:
+            out[i] = entry
+            continue
+        index = -(np.int64(entry) + 1)
+        while index < n_points and points[index] < position:
+            index += 1
+        out[i] = point_owner[index if index < n_points else 0]
+    return out
 
 
 @numba.njit(cache=True)

@@ -21,6 +21,24 @@ import numba
 import numpy as np
 
 
+@numba.njit(cache=True, inline="always")
+def pick_least_loaded(candidates: np.ndarray, loads: np.ndarray) -> int:
+    """The candidate in the 1-D row ``candidates`` with the smallest load, ties to the first.
+
+    Adds 1 to the chosen worker's ``loads`` entry. Schemes whose candidate count varies per
+    record (D-Choices, W-Choices) call this once per record on a row of their own.
+    """
+    best = candidates[0]
+    best_load = loads[best]
+    for j in range(1, candidates.shape[0]):
+        c = candidates[j]
+        if loads[c] < best_load:
+            best = c
+            best_load = loads[c]
+    loads[best] += 1
+    return best
+
+
 @numba.njit(cache=True)
 def least_loaded(candidates: np.ndarray, loads: np.ndarray) -> np.ndarray:
     """Per row of ``candidates`` (n, d), the candidate with the smallest ``loads`` entry.
@@ -28,16 +46,8 @@ def least_loaded(candidates: np.ndarray, loads: np.ndarray) -> np.ndarray:
     Rows are taken in order and each choice adds 1 to ``loads`` (updated in place), so a batch
     gives exactly the decisions one-record-at-a-time routing would.
     """
-    n, d = candidates.shape
+    n = candidates.shape[0]
     out = np.empty(n, dtype=np.int32)
     for i in range(n):
-        best = candidates[i, 0]
-        best_load = loads[best]
-        for j in range(1, d):
-            c = candidates[i, j]
-            if loads[c] < best_load:
-                best = c
-                best_load = loads[c]
-        loads[best] += 1
-        out[i] = best
+        out[i] = pick_least_loaded(candidates[i], loads)
     return out

@@ -1,10 +1,85 @@
-"""`skewer bench`: placeholder until its issue lands; registered so `skewer --help` lists it."""
+"""`skewer bench`: regenerate the recorded results in ``bench/results``.
+
+``skewer bench paper [--quick] [--only NAME ...]`` runs every experiment module of
+``bench/experiments`` (or the named ones) and writes ``<name>.md`` (headed by the command and
+the machine), its PNG figures and its data as JSON. ``skewer bench speed`` measures routing,
+simulation and planning speed into ``speed.md``. ``--out DIR`` writes elsewhere.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="(not built yet)")
-    parser.set_defaults(handler=lambda args: print("skewer bench: not built yet") or 1)
+    parser = subparsers.add_parser(
+        "bench",
+        help="reproduce the papers' experiments and measure speed into bench/results",
+        description=__doc__.split("\n\n")[0],
+    )
+    commands = parser.add_subparsers(dest="bench_command", metavar="WHAT", required=True)
+    paper = commands.add_parser("paper", help="run the paper experiments")
+    paper.add_argument("--quick", action="store_true", help="small sizes (seconds, for tests)")
+    paper.add_argument("--only", nargs="+", metavar="NAME", help="experiment module names")
+    paper.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    paper.set_defaults(handler=run_paper)
+    speed = commands.add_parser("speed", help="measure routing, simulation and planning speed")
+    speed.add_argument("--quick", action="store_true", help="10^6 keys instead of 10^7")
+    speed.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    speed.set_defaults(handler=run_speed)
+
+
+def _command(args: argparse.Namespace) -> str:
+    words = ["skewer", "bench", args.bench_command]
+    if args.quick:
+        words.append("--quick")
+    if getattr(args, "only", None):
+        words += ["--only", *args.only]
+    if args.out is not None:
+        words += ["--out", str(args.out)]
+    return " ".join(words)
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_paper(args: argparse.Namespace) -> int:
+    from bench import harness
+    from pipeline.cli import UsageError
+
+    try:
+        outcomes = harness.run_experiments(
+            args.only,
+            quick=args.quick,
+            out_dir=args.out or harness.RESULTS_DIR,
+            command=_command(args),
+            log=_log,
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    failed = [o.module for o in outcomes if o.error]
+    total = sum(o.seconds for o in outcomes)
+    print(f"{len(outcomes) - len(failed)} experiment(s) written in {total:.1f} s", flush=True)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_speed(args: argparse.Namespace) -> int:
+    import time
+
+    from bench import harness, speed
+
+    began = time.perf_counter()
+    result = speed.run(quick=args.quick)
+    seconds = time.perf_counter() - began
+    paths = harness.write_result(
+        result, args.out or harness.RESULTS_DIR, _command(args), harness.machine_info(), seconds
+    )
+    print(result.markdown)
+    _log(f"written: {', '.join(str(p) for p in paths)}")
+    return 0

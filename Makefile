@@ -1,0 +1,60 @@
+# skewer's two commands (README.md): `make demo` runs the main job on a fresh machine, `make test`
+# runs every test. Both first run the installs, which are idempotent and quick when done:
+#   - Debian packages: redis-server, prometheus, a Java 17 runtime, Maven (deploy/install-system.sh)
+#   - .venv with the project and its pinned dependencies (again only when pyproject.toml changes)
+#   - Kafka's jars and Spark's Kafka source from Maven Central into .cache/ (once)
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.skewer-installed
+DEMO_ARGS ?= --records 100000 --workers 8
+# A hung test must not eat CI's whole budget.
+PYTEST_ARGS ?= --timeout=900
+
+.PHONY: help install system-packages python-env jars demo test up down status lint
+
+help:
+	@echo "make demo     install, start the native services, run the demo (skewer demo $(DEMO_ARGS))"
+	@echo "make test     install, run every test (integration tests start the services they need"
+	@echo "              and stop the ones they started)"
+	@echo "make install  only the installs;  make up | down | status  the native services"
+
+install: system-packages python-env jars
+
+system-packages:
+	@bash deploy/install-system.sh
+
+python-env: system-packages $(INSTALLED)
+
+$(INSTALLED): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+jars: python-env
+	@$(BIN)/skewer services install
+
+demo: install
+	$(BIN)/skewer services up
+	$(BIN)/skewer demo $(DEMO_ARGS)
+
+# The test session's fixtures start the services integration tests need (native ones unless a
+# Docker engine answers) and, even when tests fail, stop exactly the ones they started.
+test: install
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+up: install
+	$(BIN)/skewer services up
+
+down:
+	@if [ -x $(BIN)/skewer ]; then $(BIN)/skewer services down; fi
+
+status:
+	$(BIN)/skewer services status
+
+lint: python-env
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Debian packages skewer needs: Redis, Prometheus, a Java 17 runtime and Maven (Maven assembles
+# Kafka's classpath and Spark's Kafka source from Maven Central), and Python's venv module.
+#
+# Idempotent: when every command is already on PATH it does nothing, not even `apt-get update`.
+# The packages' own daemons are never started: a policy-rc.d that answers 101 ("action
+# forbidden") is in place during the install, and skewer runs its own processes bound to
+# 127.0.0.1 (pipeline/services.py).
+set -euo pipefail
+
+declare -A package_of=(
+  [redis-server]=redis-server
+  [prometheus]=prometheus
+  [java]=openjdk-17-jre-headless
+  [mvn]=maven
+)
+
+missing=()
+for command_name in redis-server prometheus java mvn; do
+  if ! command -v "$command_name" >/dev/null 2>&1; then
+    missing+=("${package_of[$command_name]}")
+  fi
+done
+# Debian's own python3 creates virtualenvs only with python3-venv installed.
+python=$(command -v python3.11 || command -v python3 || true)
+if [ -z "$python" ]; then
+  missing+=(python3 python3-venv)
+elif ! "$python" -c "import ensurepip, venv" >/dev/null 2>&1; then
+  missing+=(python3-venv)
+fi
+if [ "${#missing[@]}" -eq 0 ]; then
+  exit 0
+fi
+
+sudo_prefix=()
+if [ "$(id -u)" -ne 0 ]; then
+  sudo_prefix=(sudo)
+fi
+
+policy=/usr/sbin/policy-rc.d
+created_policy=0
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' | "${sudo_prefix[@]}" tee "$policy" >/dev/null
+  "${sudo_prefix[@]}" chmod 755 "$policy"
+  created_policy=1
+fi
+remove_policy() {
+  if [ "$created_policy" -eq 1 ]; then
+    "${sudo_prefix[@]}" rm -f "$policy"
+  fi
+}
+trap remove_policy EXIT
+
+echo "skewer: installing Debian packages: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_prefix[@]}" apt-get update -qq
+"${sudo_prefix[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

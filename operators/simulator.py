@@ -1,0 +1,405 @@
+"""Drives grouping schemes over a key stream without Kafka, and measures the papers' metrics.
+
+The simulated DAG is the one every seed paper uses (PKG §V-A, FISH §6.1): a stream read by
+``S`` sources through shuffle grouping -- record ``i`` goes to source ``i mod S`` -- each
+source with its own scheme object, routing to ``W`` workers. Records are routed in batches:
+each source's slice of a batch goes through its object in order, so every decision equals
+what record-at-a-time routing would give, and all per-record work is numpy or compiled.
+
+Hooks a scheme may offer (all optional; see :class:`Router`):
+
+- ``global_estimation = True`` (class attribute): ONE object routes the whole interleaved
+  stream, which is exactly "every source knows the true loads" (PKG's G, pkg-global).
+- ``probe_interval`` (attribute, records): every that many records of the whole stream each
+  source object gets ``observe_global_loads(true_loads)`` (PKG's L+P, pkg-probing).
+- ``prepare(keys)``: called with the source's whole stream before routing (offline greedy).
+- a keyword parameter ``worker_speeds``: receives the simulator's worker speeds (FISH).
+- :class:`~operators.base.TableScheme`: every ``rebalance_interval`` records the controller
+  round runs: ``statistics(reset=True)`` from every source, :meth:`KeyStatistics.merge`,
+  ``plan`` on source 0's object, the new table (version + 1) installed in every source.
+
+Metrics (definitions in :mod:`operators.metrics`): I(t) is sampled after each of
+``checkpoints`` evenly spaced positions from per-worker cumulative loads (one ``bincount`` per
+routed segment, never per record). ``migrated_fraction`` is the state moved by all
+rebalances divided by the state that existed at those rebalances (Σ M(F, F') / Σ Σ_k S(k),
+Fang et al.'s migration cost §5.1 aggregated over the run). ``exec_time_vs_shuffle`` divides
+the scheme's queue-model makespan by shuffle grouping's on the same stream, sources and
+speeds (shuffle is routed too, which costs no hashing).
+
+Example:
+    >>> from operators.keys import KeyBatch
+    >>> import numpy as np
+    >>> keys = KeyBatch.from_ints(np.array([1, 1, 1, 1, 2, 3]))
+    >>> result = simulate("key", keys, n_workers=2, checkpoints=2)
+    >>> result.final_loads.tolist(), result.checkpoint_records.tolist()
+    ([5, 1], [3, 6])
+    >>> result.imbalance_series.tolist(), result.imbalance_final
+    ([1.5, 2.0], 0.3333333333333333)
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from operators import metrics, registry
+from operators.base import KeyStatistics, Scheme, SchemeError, TableScheme
+from operators.keys import KeyBatch
+
+
+def _accepts(cls: type, parameter: str) -> bool:
+    parameters = inspect.signature(cls.__init__).parameters
+    return parameter in parameters and parameters[parameter].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+class Router:
+    """The S source objects of one scheme, routing one interleaved stream chunk by chunk.
+
+    ``route`` may be called with consecutive chunks of any sizes; the result is the same as
+    routing the whole stream at once. The simulator and ``skewer route`` both use this class,
+    so the hooks mean the same thing in both.
+
+    Args:
+        scheme: registry name.
+        n_workers: W.
+        n_sources: S; record ``i`` of the stream goes to source ``i mod S``.
+        params: the scheme's keyword parameters (``registry.create`` validates them).
+        seed: passed to every source object.
+        worker_speeds: relative service rates, passed to schemes that take ``worker_speeds``.
+        rebalance_interval: records between controller rounds of a TableScheme (None: never).
+    """
+
+    def __init__(
+        self,
+        scheme: str,
+        n_workers: int,
+        n_sources: int = 1,
+        *,
+        params: dict[str, Any] | None = None,
+        seed: int = 0,
+        worker_speeds: np.ndarray | None = None,
+        rebalance_interval: int | None = None,
+    ) -> None:
+        if int(n_sources) < 1:
+            raise SchemeError(f"{scheme}: number of sources must be >= 1, got {n_sources}")
+        if rebalance_interval is not None and int(rebalance_interval) < 1:
+            raise SchemeError(f"rebalance interval must be >= 1, got {rebalance_interval}")
+        cls = registry.scheme_class(scheme)
+        params = dict(params or {})
+        if worker_speeds is not None and _accepts(cls, "worker_speeds"):
+            params.setdefault("worker_speeds", np.asarray(worker_speeds, dtype=np.float64))
+        self.scheme = scheme
+        self.n_workers = int(n_workers)
+        self.n_sources = int(n_sources)
+        self.global_estimation = bool(getattr(cls, "global_estimation", False))
+        count = 1 if self.global_estimation else self.n_sources
+        self.objects: list[Scheme] = [
+            registry.create(
+                scheme, n_workers, source=s, n_sources=self.n_sources, seed=seed, **params
+            )
+            for s in range(count)
+        ]
+        probe = getattr(self.objects[0], "probe_interval", None)
+        self.probe_interval = int(probe) if probe else None
+        self.is_table_scheme = isinstance(self.objects[0], TableScheme)
+        self.rebalance_interval = (
+            int(rebalance_interval) if rebalance_interval and self.is_table_scheme else None
+        )
+        #: Records routed so far, and the true per-worker loads they made.
+        self.records = 0
+        self.loads = np.zeros(self.n_workers, dtype=np.int64)
+        #: One dict per controller round (see :meth:`_rebalance`).
+        self.migrations: list[dict[str, Any]] = []
+        self.planning_seconds = 0.0
+        self._hooks_ran_at = 0
+
+    @property
+    def needs_whole_stream(self) -> bool:
+        """True if the scheme wants :meth:`prepare` (offline knowledge) before routing."""
+        return callable(getattr(self.objects[0], "prepare", None))
+
+    def prepare(self, keys: KeyBatch) -> None:
+        """Give each source object its whole sub-stream of ``keys`` (the entire stream)."""
+        if not self.needs_whole_stream:
+            return
+        if len(self.objects) == 1:
+            self.objects[0].prepare(keys)  # type: ignore[attr-defined]
+            return
+        for s, obj in enumerate(self.objects):
+            obj.prepare(keys.take(np.arange(s, len(keys), self.n_sources)))
+
+    def route(self, keys: KeyBatch) -> np.ndarray:
+        """Workers (``int32``) of the next ``len(keys)`` records of the stream.
+
+        Probes and controller rounds happen just before the record at each multiple of their
+        interval is routed (so none happens after the stream's last record).
+        """
+        n = len(keys)
+        out = np.empty(n, dtype=np.int32)
+        start = 0
+        while start < n:
+            if self.records > 0 and self.records != self._hooks_ran_at:
+                self._hooks_ran_at = self.records
+                if self.probe_interval and self.records % self.probe_interval == 0:
+                    for obj in self.objects:
+                        obj.observe_global_loads(self.loads.copy())
+                if self.rebalance_interval and self.records % self.rebalance_interval == 0:
+                    self._rebalance()
+            stop = n
+            for interval in (self.probe_interval, self.rebalance_interval):
+                if interval:
+                    stop = min(stop, start + interval - (self.records % interval))
+            out[start:stop] = self._route_segment(keys.slice(start, stop))
+            start = stop
+        return out
+
+    def _route_segment(self, keys: KeyBatch) -> np.ndarray:
+        n = len(keys)
+        if len(self.objects) == 1:
+            workers = np.asarray(self.objects[0].route(keys), dtype=np.int32)
+        else:
+            workers = np.empty(n, dtype=np.int32)
+            for s, obj in enumerate(self.objects):
+                first = (s - self.records) % self.n_sources
+                if first < n:
+                    index = np.arange(first, n, self.n_sources)
+                    workers[first :: self.n_sources] = obj.route(keys.take(index))
+        # bincount doubles as the range check: it rejects negatives and grows past W.
+        try:
+            counts = np.bincount(workers, minlength=self.n_workers)
+        except ValueError:
+            counts = None
+        if counts is None or counts.shape[0] != self.n_workers or workers.shape != (n,):
+            raise SchemeError(f"{self.scheme}: route returned workers outside 0..W-1")
+        self.loads += counts
+        self.records += n
+        return workers
+
+    def _rebalance(self) -> None:
+        objects: list[TableScheme] = self.objects  # type: ignore[assignment]
+        merged = KeyStatistics.merge([obj.statistics(reset=True) for obj in objects])
+        began = time.perf_counter()
+        plan = objects[0].plan(merged)
+        self.planning_seconds += time.perf_counter() - began
+        plan.table.version = objects[0].table.version + 1
+        for obj in objects:
+            obj.install(plan.table)
+        self.migrations.append(
+            {
+                "at_record": self.records,
+                "moved_keys": len(plan.moved_keys),
+                "migrated_state": float(plan.migration_cost),
+                "total_state": float(np.sum(merged.state_size)),
+                "feasible": bool(plan.feasible),
+                "planning_seconds": float(plan.planning_seconds),
+                "table_entries": len(plan.table),
+                "version": int(plan.table.version),
+            }
+        )
+
+    def table_entries(self) -> int:
+        """Explicit routing entries a source holds (a TableScheme's table, or a ``table`` any
+        other scheme keeps, e.g. static PoTC's key -> choice memory); the largest source's."""
+        sizes = [len(t) for t in (getattr(o, "table", None) for o in self.objects) if t is not None]
+        return max(sizes, default=0)
+
+
+@dataclass
+class SimulationResult:
+    """Everything :func:`simulate` measured. Fractions are of ``records`` (m)."""
+
+    scheme: str
+    n_workers: int
+    n_sources: int
+    params: dict[str, Any]
+    records: int
+    distinct_keys: int
+    #: I(m) / m.
+    imbalance_final: float
+    #: mean of I(t) over the checkpoints / m (PKG's "fraction of average imbalance", Fig. 2).
+    imbalance_avg_fraction: float
+    #: mean of I(t) over the checkpoints, in records (PKG Table II's unit).
+    imbalance_avg: float
+    #: λ = max / avg of the final loads.
+    max_avg_ratio: float
+    #: distinct (key, worker) pairs / distinct keys.
+    replication: float
+    table_entries: int
+    #: Σ migrated state / Σ state at the rebalances (0 without rebalances).
+    migrated_fraction: float
+    #: queue-model makespans of the scheme and of shuffle grouping, and their ratio.
+    exec_time: float
+    exec_time_shuffle: float
+    exec_time_vs_shuffle: float
+    #: wall time of routing (planning excluded) and records per second of it.
+    routing_seconds: float
+    routing_rate: float
+    checkpoint_records: np.ndarray
+    #: I(t) (records) at each checkpoint, and the loads behind it (checkpoints × W).
+    imbalance_series: np.ndarray
+    checkpoint_loads: np.ndarray
+    final_loads: np.ndarray
+    #: The worker of every record, in stream order.
+    workers: np.ndarray
+    migrations: list[dict[str, Any]] = field(default_factory=list)
+    planning_seconds: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The scalar fields (JSON-ready): what ``skewer sim --json`` prints."""
+        return {
+            "scheme": self.scheme,
+            "workers": self.n_workers,
+            "sources": self.n_sources,
+            "params": {k: _jsonable(v) for k, v in self.params.items()},
+            "records": self.records,
+            "distinct_keys": self.distinct_keys,
+            "imbalance_final": self.imbalance_final,
+            "imbalance_avg_fraction": self.imbalance_avg_fraction,
+            "imbalance_avg": self.imbalance_avg,
+            "max_avg_ratio": self.max_avg_ratio,
+            "replication": self.replication,
+            "table_entries": self.table_entries,
+            "migrated_fraction": self.migrated_fraction,
+            "rebalances": len(self.migrations),
+            "planning_seconds": self.planning_seconds,
+            "exec_time": self.exec_time,
+            "exec_time_shuffle": self.exec_time_shuffle,
+            "exec_time_vs_shuffle": self.exec_time_vs_shuffle,
+            "routing_seconds": self.routing_seconds,
+            "routing_rate": self.routing_rate,
+            "checkpoints": int(self.checkpoint_records.shape[0]),
+        }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _shuffle_workers(records: int, n_workers: int, n_sources: int) -> np.ndarray:
+    """Shuffle grouping's routing of a stream of ``records`` records from ``n_sources`` sources.
+
+    Shuffle's objects ignore key contents and a batch routes like its records one at a time,
+    so each source's object routes its whole sub-stream at once, given empty keys (no hashing,
+    no copying).
+    """
+    workers = np.empty(records, dtype=np.int32)
+    for s in range(n_sources):
+        count = len(range(s, records, n_sources))
+        empty = KeyBatch(np.empty(0, dtype=np.uint8), np.zeros(count + 1, dtype=np.int64))
+        shuffle = registry.create("shuffle", n_workers, source=s, n_sources=n_sources)
+        workers[s::n_sources] = shuffle.route(empty)
+    return workers
+
+
+def simulate(
+    scheme: str,
+    keys: KeyBatch,
+    n_workers: int,
+    n_sources: int = 1,
+    *,
+    params: dict[str, Any] | None = None,
+    seed: int = 0,
+    checkpoints: int = 100,
+    worker_speeds: np.ndarray | None = None,
+    rebalance_interval: int | None = None,
+    batch_size: int = 65536,
+) -> SimulationResult:
+    """Route ``keys`` (the whole stream, in arrival order) with ``scheme`` and measure it.
+
+    Args:
+        scheme: registry name (``operators.registry.names()``).
+        keys: the stream.
+        n_workers: W. n_sources: S (record i goes to source i mod S).
+        params: the scheme's keyword parameters.
+        seed: seeds every source object.
+        checkpoints: evenly spaced positions where I(t) is sampled (fewer if m is smaller).
+        worker_speeds: relative service rates of the queue model (default all 1); also given
+            to schemes that accept ``worker_speeds``.
+        rebalance_interval: records between controller rounds (TableScheme only; None: never).
+        batch_size: records per routing call (the result does not depend on it).
+    """
+    m = len(keys)
+    if m < 1:
+        raise SchemeError("the stream holds no records")
+    if int(checkpoints) < 1:
+        raise SchemeError(f"checkpoints must be >= 1, got {checkpoints}")
+    if int(batch_size) < 1:
+        raise SchemeError(f"batch size must be >= 1, got {batch_size}")
+    speeds = None
+    if worker_speeds is not None:
+        speeds = np.asarray(worker_speeds, dtype=np.float64)
+        if speeds.shape != (int(n_workers),) or not np.all(np.isfinite(speeds) & (speeds > 0)):
+            raise SchemeError(f"worker speeds must be {n_workers} positive numbers")
+    router = Router(
+        scheme,
+        n_workers,
+        n_sources,
+        params=params,
+        seed=seed,
+        worker_speeds=speeds,
+        rebalance_interval=rebalance_interval,
+    )
+    W = router.n_workers
+    marks = metrics.checkpoint_positions(m, int(checkpoints))
+    stops = np.union1d(marks, np.arange(int(batch_size), m, int(batch_size), dtype=np.int64))
+    checkpoint_loads = np.empty((marks.shape[0], W), dtype=np.int64)
+    workers = np.empty(m, dtype=np.int32)
+
+    began = time.perf_counter()
+    router.prepare(keys)
+    start, mark = 0, 0
+    for stop in stops.tolist():
+        workers[start:stop] = router.route(keys.slice(start, stop))
+        if mark < marks.shape[0] and stop == marks[mark]:
+            checkpoint_loads[mark] = router.loads
+            mark += 1
+        start = stop
+    routing_seconds = max(time.perf_counter() - began - router.planning_seconds, 1e-9)
+
+    # Fingerprints after routing, so that schemes that never look at them (most) do not pay
+    # for copying them into every source's batch.
+    key_ids = keys.key_ids()
+    series = np.asarray(metrics.imbalance(checkpoint_loads), dtype=np.float64)
+    final = router.loads.copy()
+    exec_time = metrics.execution_time(workers, speeds, n_workers=W)
+    exec_shuffle = metrics.execution_time(
+        _shuffle_workers(m, W, router.n_sources), speeds, n_workers=W
+    )
+    total_state = sum(r["total_state"] for r in router.migrations)
+    moved_state = sum(r["migrated_state"] for r in router.migrations)
+    distinct_keys, pairs = metrics.key_worker_counts(key_ids, workers, W)
+    return SimulationResult(
+        scheme=scheme,
+        n_workers=W,
+        n_sources=router.n_sources,
+        params=dict(params or {}),
+        records=m,
+        distinct_keys=distinct_keys,
+        imbalance_final=float(metrics.imbalance(final)) / m,
+        imbalance_avg_fraction=float(series.mean()) / m,
+        imbalance_avg=float(series.mean()),
+        max_avg_ratio=float(metrics.max_avg_ratio(final)),
+        replication=pairs / distinct_keys,
+        table_entries=router.table_entries(),
+        migrated_fraction=moved_state / total_state if total_state > 0 else 0.0,
+        exec_time=exec_time,
+        exec_time_shuffle=exec_shuffle,
+        exec_time_vs_shuffle=exec_time / exec_shuffle,
+        routing_seconds=routing_seconds,
+        routing_rate=m / routing_seconds,
+        checkpoint_records=marks,
+        imbalance_series=series,
+        checkpoint_loads=checkpoint_loads,
+        final_loads=final,
+        workers=workers,
+        migrations=router.migrations,
+        planning_seconds=router.planning_seconds,
+    )

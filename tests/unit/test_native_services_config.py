@@ -1,0 +1,151 @@
+"""Configuration and the pure parts of the native service manager (no process is started)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline import config, services
+
+
+def test_defaults_are_loopback_with_non_default_ports() -> None:
+    settings = config.load({})
+    assert settings.kafka_bootstrap == "127.0.0.1:19092"
+    assert settings.kafka_controller == "127.0.0.1:19093"
+    assert settings.redis_url == "redis://127.0.0.1:16379/0"
+    assert settings.prometheus_url == "http://127.0.0.1:19090"
+    assert (settings.kafka_host, settings.kafka_port, settings.kafka_controller_port) == (
+        "127.0.0.1",
+        19092,
+        19093,
+    )
+    assert (settings.redis_host, settings.redis_port) == ("127.0.0.1", 16379)
+    assert (settings.prometheus_host, settings.prometheus_port) == ("127.0.0.1", 19090)
+    assert settings.cache_dir == config.PROJECT_ROOT / ".cache"
+    assert settings.run_dir == config.PROJECT_ROOT / ".cache" / "run"
+    assert settings.kafka_libs_dir == config.PROJECT_ROOT / ".cache" / "kafka" / "libs"
+    assert settings.spark_jars_dir == config.PROJECT_ROOT / ".cache" / "spark-jars"
+
+
+def test_environment_overrides(tmp_path: Path) -> None:
+    settings = config.load(
+        {
+            "SKEWER_KAFKA_BOOTSTRAP": "127.0.0.2:29092",
+            "SKEWER_KAFKA_CONTROLLER": "127.0.0.2:29093",
+            "SKEWER_REDIS_URL": "redis://127.0.0.3:26379/2",
+            "SKEWER_PROMETHEUS_URL": "http://127.0.0.4:29090/",
+            "SKEWER_CACHE_DIR": str(tmp_path / "cache"),
+        }
+    )
+    assert (settings.kafka_host, settings.kafka_port) == ("127.0.0.2", 29092)
+    assert settings.kafka_controller_port == 29093
+    assert (settings.redis_host, settings.redis_port) == ("127.0.0.3", 26379)
+    assert settings.prometheus_url == "http://127.0.0.4:29090"  # trailing slash dropped
+    assert settings.run_dir == tmp_path / "cache" / "run"
+    assert config.load({"SKEWER_RUN_DIR": str(tmp_path / "r")}).run_dir == tmp_path / "r"
+
+
+def test_a_bad_address_names_its_variable() -> None:
+    with pytest.raises(ValueError, match=r"^SKEWER_KAFKA_BOOTSTRAP='localhost' is not HOST:PORT$"):
+        config.load({"SKEWER_KAFKA_BOOTSTRAP": "localhost"})
+
+
+def test_kafka_server_properties_are_filled_in(tmp_path: Path) -> None:
+    settings = config.load({"SKEWER_RUN_DIR": str(tmp_path)})
+    [kafka] = services.native_services(settings, ["kafka"])
+    lines = kafka.server_properties().splitlines()
+    assert "${" not in "\n".join(lines)
+    properties = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+    assert properties["process.roles"] == "broker,controller"
+    assert properties["controller.quorum.voters"] == "1@127.0.0.1:19093"
+    assert properties["listeners"] == "PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:19093"
+    assert properties["advertised.listeners"] == "PLAINTEXT://127.0.0.1:19092"
+    assert properties["log.dirs"] == str(tmp_path / "kafka" / "data")
+    assert properties["auto.create.topics.enable"] == "false"
+    assert kafka.command()[-2:] == ["kafka.Kafka", str(tmp_path / "kafka" / "server.properties")]
+
+
+def test_prometheus_config_and_command(tmp_path: Path) -> None:
+    import yaml
+
+    settings = config.load({"SKEWER_RUN_DIR": str(tmp_path)})
+    [prometheus] = services.native_services(settings, ["prometheus"])
+    parsed = yaml.safe_load(prometheus.prometheus_config())
+    assert parsed["scrape_configs"][0]["static_configs"][0]["targets"] == ["127.0.0.1:19090"]
+    assert "--web.listen-address=127.0.0.1:19090" in prometheus.command()
+    assert f"--config.file={tmp_path / 'prometheus' / 'prometheus.yml'}" in prometheus.command()
+
+
+def test_services_come_in_a_fixed_order_and_unknown_names_fail() -> None:
+    settings = config.load({})
+    names = [s.name for s in services.native_services(settings, ["prometheus", "kafka"])]
+    assert names == ["kafka", "prometheus"]
+    with pytest.raises(services.ServiceError, match="unknown service 'zk'; valid services: kafka"):
+        services.native_services(settings, ["zk"])
+
+
+@pytest.mark.parametrize(
+    ("jar", "artifact"),
+    [
+        ("kafka-clients-3.9.0.jar", "kafka-clients"),
+        ("spark-sql-kafka-0-10_2.13-4.0.0.jar", "spark-sql-kafka-0-10_2.13"),
+        ("log4j-1.2-api-2.24.3.jar", "log4j-1.2-api"),
+        ("zstd-jni-1.5.6-9.jar", "zstd-jni"),
+        ("hive-shims-0.23-2.3.10.jar", "hive-shims-0.23"),
+        ("jline-3.27.1-jdk8.jar", "jline"),
+        (
+            "netty-transport-native-epoll-4.1.118.Final-linux-x86_64.jar",
+            "netty-transport-native-epoll",
+        ),
+        ("noversion.jar", "noversion"),
+    ],
+)
+def test_artifact_id_of_a_jar_name(jar: str, artifact: str) -> None:
+    assert services._artifact_id(jar) == artifact
+
+
+def test_a_pid_is_ours_only_with_its_recorded_start_time() -> None:
+    ticks = services._start_ticks(os.getpid())
+    assert isinstance(ticks, int) and ticks > 0
+    assert services._is_alive(services.PidRecord(os.getpid(), ticks, ("python",)))
+    assert not services._is_alive(services.PidRecord(os.getpid(), ticks + 1, ("python",)))
+    # A process that exited (and was reaped) has no start time at all.
+    finished = subprocess.Popen(["true"])
+    finished.wait()
+    assert services._start_ticks(finished.pid) is None
+
+
+def test_pid_files_round_trip_and_garbage_reads_as_none(tmp_path: Path) -> None:
+    record = services.PidRecord(1234, 5678, ("redis-server", "--port", "16379"))
+    path = tmp_path / "redis.pid"
+    services._write_pid_file(path, record)
+    assert services._read_pid_file(path) == record
+    path.write_text("not json")
+    assert services._read_pid_file(path) is None
+    assert services._read_pid_file(tmp_path / "missing.pid") is None
+
+
+def test_state_lines() -> None:
+    assert (
+        services.ServiceState("kafka", "127.0.0.1:19092", "running", 42).line()
+        == "kafka      running  127.0.0.1:19092  pid 42"
+    )
+    assert (
+        services.ServiceState("redis", "redis://x", "down").line()
+        == "redis      down     redis://x"
+    )
+
+
+def test_console_script_help_lists_every_subcommand() -> None:
+    script = Path(sys.executable).parent / "skewer"
+    result = subprocess.run([str(script), "--help"], capture_output=True, text=True, check=True)
+    for command in ("services", "route", "sim", "bench", "demo"):
+        assert f"    {command}" in result.stdout
+    result = subprocess.run(
+        [str(script), "services", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "{up,down,status,install}" in result.stdout
