@@ -6,7 +6,8 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# The interpreter that creates .venv, looked up when needed (the system step may install it).
+PYTHON ?= $$(command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.skewer-installed

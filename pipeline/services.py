@@ -13,7 +13,9 @@ session, logs to ``.cache/run/<name>.log`` and is remembered by a pid file holdi
 its kernel start time, so :func:`down` stops exactly the processes :func:`up` started and never a
 process that merely inherited a recycled pid. :func:`up` is idempotent: a service that answers
 its health check is left alone (also when someone else runs it, which is then reported as
-"external"), and a dead one (killed by hand, say) is started again.
+"external"), and a dead one (killed by hand, say) is started again. Test sessions use
+:func:`acquire` and :func:`release` instead: leases let concurrent sessions in one checkout share
+the services, and the last one out stops what a session had to start.
 
 Health checks: Kafka answers a metadata request (confluent-kafka ``AdminClient.list_topics``),
 Redis answers ``PING``, Prometheus answers ``GET /-/ready`` with 200.
@@ -565,8 +567,8 @@ class ServiceState:
     pid: int | None = None
 
     def line(self) -> str:
-        pid = f"  pid {self.pid}" if self.pid is not None else ""
-        return f"{self.name:<11}{self.state:<9}{self.address}{pid}"
+        pid = f"pid {self.pid}" if self.pid is not None else ""
+        return f"{self.name:<11}{self.state:<9}{self.address:<27}{pid}".rstrip()
 
 
 def _own_process(service: NativeService) -> PidRecord | None:
@@ -643,36 +645,44 @@ def up(settings: Settings | None = None, names: Sequence[str] | None = None) -> 
 
     Returns one state per service: ``started`` for the ones this call started, ``running``
     or ``external`` for the ones already answering. Raises ServiceError naming the first
-    service that failed and its log; a process that failed is stopped again.
+    service that failed and its log; a process that failed is stopped again. A service that
+    a test session started is adopted: it stays up when the tests end.
     """
     settings = settings or config.load()
     services = native_services(settings, names)
     for service in services:
         service.install()
+    with _services_lock(settings):
+        states = _up_locked(services)
+        for service in services:
+            _started_by_lease_marker(service).unlink(missing_ok=True)
+    return states
+
+
+def _up_locked(services: list[NativeService]) -> list[ServiceState]:
     results: dict[str, ServiceState] = {}
     pending: dict[str, tuple[NativeService, PidRecord, bool]] = {}
-    with _services_lock(settings):
-        try:
-            for service in services:
-                current = _state(service)
-                if current.state in ("running", "external"):
-                    results[service.name] = current
-                    continue
-                record = _own_process(service) if current.state == "starting" else None
-                if record is not None:
-                    pending[service.name] = (service, record, False)
-                else:
-                    pending[service.name] = (service, _spawn(service), True)
-            failure = _wait_healthy(pending)
-            if failure is not None:
-                raise ServiceError(f"{failure.name} failed to start; see {failure.log_path}")
-        except BaseException:
-            # All or nothing: what this call started does not outlive its failure.
-            for service, record, started_here in pending.values():
-                if started_here:
-                    _terminate(record, grace_seconds=10)
-                    service.pid_path.unlink(missing_ok=True)
-            raise
+    try:
+        for service in services:
+            current = _state(service)
+            if current.state in ("running", "external"):
+                results[service.name] = current
+                continue
+            record = _own_process(service) if current.state == "starting" else None
+            if record is not None:
+                pending[service.name] = (service, record, False)
+            else:
+                pending[service.name] = (service, _spawn(service), True)
+        failure = _wait_healthy(pending)
+        if failure is not None:
+            raise ServiceError(f"{failure.name} failed to start; see {failure.log_path}")
+    except BaseException:
+        # All or nothing: what this call started does not outlive its failure.
+        for service, record, started_here in pending.values():
+            if started_here:
+                _terminate(record, grace_seconds=10)
+                service.pid_path.unlink(missing_ok=True)
+        raise
     for service, record, started_here in pending.values():
         state = "started" if started_here else "running"
         results[service.name] = ServiceState(service.name, service.address, state, record.pid)
@@ -701,15 +711,86 @@ def down(
 ) -> list[ServiceState]:
     """Stop the processes ``up`` started (from their pid files), and nothing else."""
     settings = settings or config.load()
+    with _services_lock(settings):
+        return [_down_locked(service) for service in native_services(settings, names)]
+
+
+def _down_locked(service: NativeService) -> ServiceState:
+    _started_by_lease_marker(service).unlink(missing_ok=True)
+    record = _own_process(service)
+    if record is None:
+        return ServiceState(service.name, service.address, "down")
+    # Kafka's controlled shutdown flushes logs and closes the quorum: give it time.
+    _terminate(record, grace_seconds=30 if service.name == "kafka" else 10)
+    service.pid_path.unlink(missing_ok=True)
+    return ServiceState(service.name, service.address, "stopped", record.pid)
+
+
+# --------------------------------------------------------------------------------------------
+# Leases: test sessions that share the services of one checkout
+
+
+def _leases_dir(service: NativeService) -> Path:
+    return service.settings.run_dir / "leases"
+
+
+def _started_by_lease_marker(service: NativeService) -> Path:
+    return _leases_dir(service) / f"{service.name}.started-by-lease"
+
+
+def _lease_path(service: NativeService, holder: PidRecord) -> Path:
+    return _leases_dir(service) / f"{service.name}.{holder.pid}.{holder.start_ticks}"
+
+
+def _live_leases(service: NativeService) -> list[Path]:
+    """Leases of processes still running; the leases of dead holders are removed."""
+    live = []
+    for path in _leases_dir(service).glob(f"{service.name}.*.*"):
+        pid, ticks = path.name.split(".")[1:3]
+        if _start_ticks(int(pid)) == int(ticks):
+            live.append(path)
+        else:
+            path.unlink(missing_ok=True)
+    return live
+
+
+def _this_process() -> PidRecord:
+    ticks = _start_ticks(os.getpid())
+    assert ticks is not None
+    return PidRecord(os.getpid(), ticks, ())
+
+
+def acquire(settings: Settings, names: Sequence[str]) -> list[ServiceState]:
+    """:func:`up` for a process that needs the services only while it runs (a test session).
+
+    The calling process takes a lease on each service. A service that some lease holder had to
+    start is stopped by :func:`release` when its last live holder lets go, so concurrent test
+    sessions in one checkout never stop a service under each other, and a service someone
+    started with ``skewer services up`` is never stopped by tests.
+    """
+    services = native_services(settings, names)
+    for service in services:
+        service.install()
+    holder = _this_process()
+    with _services_lock(settings):
+        states = _up_locked(services)
+        for service, state in zip(services, states, strict=True):
+            _leases_dir(service).mkdir(parents=True, exist_ok=True)
+            _lease_path(service, holder).touch()
+            if state.state == "started":
+                _started_by_lease_marker(service).touch()
+    return states
+
+
+def release(settings: Settings, names: Sequence[str]) -> list[ServiceState]:
+    """Drop this process's leases; stop what a lease holder started once no holder is left."""
+    holder = _this_process()
     results = []
     with _services_lock(settings):
         for service in native_services(settings, names):
-            record = _own_process(service)
-            if record is None:
-                results.append(ServiceState(service.name, service.address, "down"))
-                continue
-            # Kafka's controlled shutdown flushes logs and closes the quorum: give it time.
-            _terminate(record, grace_seconds=30 if service.name == "kafka" else 10)
-            service.pid_path.unlink(missing_ok=True)
-            results.append(ServiceState(service.name, service.address, "stopped", record.pid))
+            _lease_path(service, holder).unlink(missing_ok=True)
+            if not _live_leases(service) and _started_by_lease_marker(service).exists():
+                results.append(_down_locked(service))
+            else:
+                results.append(_state(service))
     return results

@@ -5,8 +5,9 @@ Two backends, the same tests, nothing mocked:
 - ``docker``: testcontainers (Confluent's cp-kafka in KRaft mode, redis, prom/prometheus) when a
   Docker engine answers a ping within 2 s;
 - ``native``: skewer's own native services (:mod:`pipeline.services`), started on first use if
-  they are not running, and stopped at the end of the session only if this session started
-  them.
+  they are not running, and stopped at the end of the session only if a test session started
+  them and no other test session still uses them (leases; services started with
+  ``skewer services up`` are never stopped by tests).
 
 ``SKEWER_TEST_BACKEND=docker|native`` forces one. The pytest header says which one runs.
 Services start lazily, when the first test asks for one, so unit tests start nothing.
@@ -20,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -64,18 +66,22 @@ def _choose_backend() -> tuple[str, str]:
 
 
 class NativeBackend:
-    """Skewer's native services; stops at the end only what it started itself."""
+    """Skewer's native services, under a lease of this test session (:func:`services.acquire`).
+
+    A service this session (or another test session) had to start is stopped when the last
+    session using it ends; one started by ``skewer services up`` keeps running.
+    """
 
     name = "native"
 
     def __init__(self) -> None:
         self.settings = config.load()
-        self.started: list[str] = []
+        self.leased: list[str] = []
 
     def _ensure(self, name: str) -> None:
-        for state in services.up(self.settings, [name]):
-            if state.state == "started":
-                self.started.append(state.name)
+        if name not in self.leased:
+            services.acquire(self.settings, [name])
+            self.leased.append(name)
 
     def kafka_bootstrap(self) -> str:
         self._ensure("kafka")
@@ -90,8 +96,8 @@ class NativeBackend:
         return self.settings.prometheus_url
 
     def close(self) -> None:
-        if self.started:
-            services.down(self.settings, self.started)
+        if self.leased:
+            services.release(self.settings, self.leased)
 
 
 class DockerBackend:
@@ -180,8 +186,14 @@ def redis(service_backend: NativeBackend | DockerBackend) -> Iterator[redis_modu
     """
     import redis as redis_module
 
-    url = service_backend.redis_url()
-    client = redis_module.Redis.from_url(url, db=TEST_REDIS_DB)
+    # Not from_url(url, db=...): the database in the URL's path would win over the keyword.
+    address = urlsplit(service_backend.redis_url())
+    client = redis_module.Redis(
+        host=address.hostname or "127.0.0.1",
+        port=address.port or 6379,
+        password=address.password,
+        db=TEST_REDIS_DB,
+    )
     client.flushdb()
     try:
         yield client

@@ -8,9 +8,10 @@ simulator (anisnasir/SLBSimulator, ``LBDChoice``/``LBWChoice``; notes/anchors.md
 * every source keeps its own :class:`~operators.sketches.spacesaving.SpaceSaving` summary of
   ``capacity`` = 100 counters and its own cumulative load vector (local estimation);
 * a record's key is offered to the summary first; the key is *head* when
-  ``(count + error) / m > θ`` with ``m`` the records this source has seen and
-  ``θ = 2 / (n·T)`` (``threshold_t`` = T; 10 by default, i.e. θ = 1/(5n), the value the
-  authors' Storm groupings hard-code and PKG's Theorem 4.1 bound ``p1 <= 1/(5n)``);
+  ``(count + error) / m > θ`` (evaluated as ``count + error > θ·m``) with ``m`` the records
+  this source has seen and ``θ = 2 / (n·T)`` (``threshold_t`` = T; 10 by default, i.e.
+  θ = 1/(5n), the value the authors' Storm groupings hard-code and PKG's Theorem 4.1 bound
+  ``p1 <= 1/(5n)``);
 * tail keys take PKG's two candidates, ``|murmur3_128(key, 13)| mod n`` and seed 17, and go to
   the one this source has loaded least (ties to the first), through
   :func:`operators.selection.pick_least_loaded` on the same load vector that head keys use, so
@@ -22,15 +23,24 @@ simulator (anisnasir/SLBSimulator, ``LBDChoice``/``LBWChoice``; notes/anchors.md
   ``p_T = 1 - p_H``, ``q = (n-1)/n``: start at ``d = round(p1·n)`` and take the first ``d``
   meeting both bounds ``p_H + p_T·(1-q^(h·d))² <= (1-q^(h·d)) + ε`` and
   ``p1 + (p_H - p1)·(1-q^d)^d + p_T·(1-q^d)² <= (1-q^d) + ε`` (ε = 0.001); ``d >= n`` means all
-  workers. The ``d`` candidates are ``|murmur3_128(key, s)| mod n`` for the seeds
-  13, 17, 19, 23, 29, … (13 and 17 then the following primes, as the reference simulator uses
-  consecutive primes), so a head key's first two candidates are its PKG pair. Like the
-  reference, colliding hashes are not re-drawn.
+  workers.
 
-Choices where the reference leaves a gap: d is at least 2 (the reference would build an empty
-or single candidate set when ``round(p1·n) < 2`` and the bounds already hold, e.g. for large
-T), so a head key never has fewer choices than a tail key; ``p1`` comes from the largest count,
-ties to the summary slot filled first (stream-lib orders equal counts its own way).
+Choices where the reference leaves a gap or that we make differently:
+
+* **Further candidates.** The reference hashes the key with d seeds (consecutive primes from
+  43, Guava's 32-bit ``asInt``), so its choices cannot match Storm's 13/17 pair anyway. Ours
+  keep PKG's pair as candidates 0 and 1, and derive candidate ``j >= 2`` from the same two
+  hashes by double hashing (Kirsch and Mitzenmacher): ``g = (h13 + j·h17) mod 2^64``, worker
+  ``⌊(g >> 32)·n / 2^32⌋``. It costs no further pass over the key bytes, which matters
+  because with 100 counters nearly every key can test head (see below). Like the reference,
+  colliding candidates are not re-drawn.
+* d is at least 2: the reference would build an empty or single candidate set when
+  ``round(p1·n) < 2`` and the bounds already hold (e.g. for large T), so a head key never has
+  fewer choices than a tail key. ``p1`` comes from the largest count, ties to the key that
+  reached it first (stream-lib orders equal counts its own way).
+* A faithful consequence, not a choice: a tail key newly admitted to a full summary inherits
+  the smallest counter as its error, so once the stream outside the top ``capacity`` keys is
+  heavy enough, most keys test head (FISH §2.3 reports this for "D-C100/W-C100").
 
 Example:
     >>> from operators.keys import KeyBatch

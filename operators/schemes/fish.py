@@ -40,8 +40,14 @@ The paper's extraction lost every formula and default (notes/fish.md §0, §6); 
   ``f_max``, ``F_H`` and ``h`` are refreshed in the epoch-end sweep that decays the counters
   (``f_max`` also rises at once whenever a counter passes it).
 * Non-hot keys (§1.8 UNCLEAR) go to their ring owner only (one worker, which is also the
-  first candidate of the key if it turns hot): this matches FISH's memory of 1.11-2.61x key
-  grouping (§6.2) and its consistent-hashing extension (§5, §6.5).
+  first candidate of the key if it turns hot), after Observation 1 ("only a few keys are
+  saved in multiple workers") and §6.2's "special assignment for a small fraction of keys";
+  the other reading, PKG-style two choices for every key, would cost about PKG's memory and
+  balance low-skew streams better.
+* The ring (§5): ``virtual_nodes`` = 1000 points per worker (the paper's count is not given;
+  Gedik §5.5 uses 1000), placed and looked up with the 64-bit MurmurHash3 of
+  :class:`~operators.ring.HashRing` instead of the paper's 32-bit SHA-1. Every source with
+  the same ``seed`` builds the same ring.
 * Waiting time (§4.2, formulas lost): per worker ``w`` with relative speed ``s_w``, service
   rate ``r_w = s_w / Σ s`` tuples per record of this source (capacity equal to the arrival
   rate); backlog ``U_w`` drains at ``r_w`` between this source's records (a fluid queue,

@@ -56,8 +56,14 @@ def produce_routed(bootstrap: str, topic: str, keys: list[bytes], partitions: np
     """Send record i (key ``keys[i]``, value its index) to partition ``partitions[i]``."""
     from confluent_kafka import Producer
 
+    # Idempotence: no duplicates and each partition in production order, even across retries.
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all", "log_level": 0}
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "linger.ms": 20,
+            "log_level": 0,
+        }
     )
     failures: list[str] = []
 

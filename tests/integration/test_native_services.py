@@ -171,3 +171,48 @@ def test_unknown_service_name_is_one_line(capsys: pytest.CaptureFixture[str]) ->
     assert capsys.readouterr().err == (
         "skewer services: unknown service 'zookeeper'; valid services: kafka, redis, prometheus\n"
     )
+
+
+def _state_of(settings: config.Settings, name: str) -> str:
+    [state] = services.status(settings, [name])
+    return state.state
+
+
+def test_the_last_test_session_out_stops_what_a_session_started(
+    private_services: config.Settings,
+) -> None:
+    settings = private_services
+    [state] = services.acquire(settings, ["redis"])
+    assert state.state == "started"
+    # A second session (here: a live stand-in process) holds a lease on the same Redis.
+    other_session = subprocess.Popen(["sleep", "60"])
+    try:
+        ticks = services._start_ticks(other_session.pid)
+        (settings.run_dir / "leases" / f"redis.{other_session.pid}.{ticks}").touch()
+        [state] = services.release(settings, ["redis"])
+        assert (state.state, _state_of(settings, "redis")) == ("running", "running")
+    finally:
+        other_session.kill()
+        other_session.wait()
+    # The other session died without releasing: the next session out stops Redis.
+    assert services.acquire(settings, ["redis"])[0].state == "running"
+    [state] = services.release(settings, ["redis"])
+    assert (state.state, _state_of(settings, "redis")) == ("stopped", "down")
+    assert list((settings.run_dir / "leases").iterdir()) == []
+
+
+def test_tests_never_stop_what_skewer_services_up_started(
+    private_services: config.Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = private_services
+    # Started by a user: a test session uses it and leaves it running.
+    assert _skewer(capsys, "up", "redis")[0] == 0
+    assert services.acquire(settings, ["redis"])[0].state == "running"
+    assert services.release(settings, ["redis"])[0].state == "running"
+    assert _state_of(settings, "redis") == "running"
+    # Started by a test session, then adopted by a user's `up`: it stays up too.
+    assert services.acquire(settings, ["prometheus"])[0].state == "started"
+    code, lines = _skewer(capsys, "up", "prometheus")
+    assert (code, lines[0][1]) == (0, "running")
+    assert services.release(settings, ["prometheus"])[0].state == "running"
+    assert _state_of(settings, "prometheus") == "running"

@@ -32,6 +32,21 @@ def test_redis_round_trip(redis, redis_prefix: str) -> None:
     assert redis.exists(counts_key) == 0
 
 
+def test_tests_use_their_own_redis_database(redis, redis_prefix: str) -> None:
+    import redis as redis_module
+
+    assert redis.connection_pool.connection_kwargs["db"] == 1
+    kwargs = redis.connection_pool.connection_kwargs
+    database_zero = redis_module.Redis(host=kwargs["host"], port=kwargs["port"], db=0)
+    try:
+        redis.set(f"{redis_prefix}marker", b"1")
+        assert database_zero.exists(f"{redis_prefix}marker") == 0
+        assert redis.exists(f"{redis_prefix}marker") == 1
+    finally:
+        redis.delete(f"{redis_prefix}marker")
+        database_zero.close()
+
+
 def _get_json(url: str) -> dict:
     with urllib.request.urlopen(url, timeout=10) as response:
         assert response.status == 200

@@ -34,7 +34,10 @@ def produced_topic(kafka: str) -> Iterator[str]:
 
     topic = f"test-smoke-{uuid.uuid4().hex[:8]}"
     services.create_topic(kafka, topic, WORKERS)
-    producer = Producer({"bootstrap.servers": kafka, "acks": "all", "linger.ms": 10})
+    # Idempotence keeps each partition in production order even when a batch is retried (a
+    # fresh topic's first produce can meet a leader that is not ready yet); without it a
+    # retried batch lands after later ones.
+    producer = Producer({"bootstrap.servers": kafka, "enable.idempotence": True, "linger.ms": 10})
     failures: list[object] = []
     for record in range(RECORDS):
         producer.produce(

@@ -132,7 +132,7 @@ def test_pid_files_round_trip_and_garbage_reads_as_none(tmp_path: Path) -> None:
 def test_state_lines() -> None:
     assert (
         services.ServiceState("kafka", "127.0.0.1:19092", "running", 42).line()
-        == "kafka      running  127.0.0.1:19092  pid 42"
+        == "kafka      running  127.0.0.1:19092            pid 42"
     )
     assert (
         services.ServiceState("redis", "redis://x", "down").line()
