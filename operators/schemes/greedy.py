@@ -36,14 +36,11 @@ Example:
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import numba
 import numpy as np
 
-from operators.base import Scheme
 from operators.keys import KeyBatch
-from operators.schemes.potc import KeyAssignments
+from operators.schemes.potc import FirstSightAssignment, KeyAssignments
 
 
 @numba.njit(cache=True)
@@ -62,20 +59,10 @@ def longest_first(frequencies: np.ndarray, n_workers: int) -> np.ndarray:
     return out
 
 
-class OnlineGreedy(Scheme):
+class OnlineGreedy(FirstSightAssignment):
     """On-Greedy: a key's first record picks the least loaded worker of all, for good."""
 
     name = "greedy-online"
-    keeps_key_on_one_worker = True
-    global_estimation: ClassVar[bool] = True
-
-    def __init__(self, n_workers: int, *, source: int = 0, n_sources: int = 1, seed: int = 0):
-        super().__init__(n_workers, source=source, n_sources=n_sources, seed=seed)
-        #: Records routed to each worker so far (by all sources, see the module docstring).
-        self.loads = np.zeros(self.n_workers, dtype=np.int64)
-        #: Key -> worker of every key seen: a routing table with one entry per distinct key.
-        #: Key -> worker of every key seen: a routing table with one entry per distinct key.
-        self.table = KeyAssignments()
 
     def route(self, keys: KeyBatch) -> np.ndarray:
         return self.table.route(keys.key_ids(), self.loads)

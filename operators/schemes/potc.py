@@ -209,10 +209,13 @@ class KeyAssignments:
             self.grow()
 
 
-class StaticPowerOfTwoChoices(Scheme):
-    """Static PoTC: a key's first record picks the less loaded of its two choices for good."""
+class FirstSightAssignment(Scheme):
+    """A scheme that places each key when it first appears and keeps it there (PoTC, greedy).
 
-    name = "potc"
+    Coordinated, as the PKG paper says these baselines must be: the loads and the key table
+    are global (see the module docstring).
+    """
+
     keeps_key_on_one_worker = True
     global_estimation: ClassVar[bool] = True
 
@@ -221,8 +224,13 @@ class StaticPowerOfTwoChoices(Scheme):
         #: Records routed to each worker so far (by all sources, see the module docstring).
         self.loads = np.zeros(self.n_workers, dtype=np.int64)
         #: Key -> worker of every key seen: a routing table with one entry per distinct key.
-        #: Key -> worker of every key seen: a routing table with one entry per distinct key.
         self.table = KeyAssignments()
+
+
+class StaticPowerOfTwoChoices(FirstSightAssignment):
+    """Static PoTC: a key's first record picks the less loaded of its two choices for good."""
+
+    name = "potc"
 
     def route(self, keys: KeyBatch) -> np.ndarray:
         first, second = keys.hash64_pair(FIRST_SEED, SECOND_SEED)
