@@ -21,6 +21,10 @@ COMMAND_MODULES = (
     "pipeline.commands.route",
     "pipeline.commands.sim",
     "pipeline.commands.bench",
+    "pipeline.commands.produce",
+    "pipeline.commands.group",
+    "pipeline.commands.work",
+    "pipeline.commands.aggregate",
     "pipeline.commands.demo",
 )
 
@@ -53,4 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m pipeline.cli` runs this file as __main__, a second copy of the module: the
+    # commands raise pipeline.cli.UsageError, which only the imported module's main() catches.
+    from pipeline.cli import main as imported_main
+
+    sys.exit(imported_main())

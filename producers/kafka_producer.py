@@ -1,0 +1,276 @@
+"""The live pipeline's producers: a workload's key stream into topic ``keys``, plus the truth.
+
+The stream of a workload (:mod:`producers.workloads`) is dealt to ``S`` producers the way the
+simulator deals it to sources (:class:`operators.simulator.Router`): record ``i`` belongs to
+producer ``p = i mod S``, is its record number ``seq = i div S``, and goes to partition ``p``
+of ``keys`` (producer p IS source p of the grouping stage). So for every scheme the live stage
+routes each source's keys exactly as the simulator would.
+
+Event time. Record ``i`` carries ``event_time_ms = start + floor(i * 1000 / E)`` with ``E``
+records per second of event time (``--event-rate``, default 4,000, so 200,000 records span 50 s:
+five 10 s windows). By default the clock is synthetic: records go out as fast as the broker
+takes them and ``start`` is the current time rounded down to a window boundary, so ``n``
+records fill exactly ``ceil(n / (E * window))`` windows. With ``--rate R`` the producer paces
+real time instead: ``E = R``, ``start`` is now, and record ``i`` is sent no earlier than its
+event time. Either way event time never decreases within a producer.
+
+Watermarks. Each producer tells the stage how far its event time has got with INPUT records
+of kind WATERMARK (empty key) in its own partition: one just before its first record of each
+new window (``time_ms = that window's start - 1``: everything up to there is sent), and a
+last one at :data:`~pipeline.records.END_OF_STREAM`. A watermark's ``seq`` is the number of
+DATA records its producer sent before it (the last one's is the producer's total).
+
+Ground truth. Before sending, the count of every (key, window) is added (HINCRBY) to Redis
+hash ``skewer:{run}:truth:{window_start}`` (field = key bytes), computed with one
+``np.unique`` per window; after every record is acknowledged ``producer:{p}:sent`` grows by the
+DATA records producer p sent. Adding keeps the truth equal to what was sent even when one run
+produces twice. Keys are identified by their 64-bit :meth:`~operators.keys.KeyBatch.key_ids`
+and the grouping seed's hash checks that no two distinct keys share one (a 128-bit identity).
+
+Example (the plan of a stream; nothing is sent):
+    >>> import numpy as np
+    >>> from operators.keys import KeyBatch
+    >>> plan = plan_stream(5, sources=2, event_rate=1000, start_ms=0)
+    >>> plan.producer.tolist(), plan.seq.tolist(), plan.event_time_ms.tolist()
+    ([0, 1, 0, 1, 0], [0, 0, 1, 1, 2], [0, 1, 2, 3, 4])
+    >>> truth = ground_truth(KeyBatch.from_strings(["a", "b", "a", "a", "b"]),
+    ...                      np.array([0, 0, 5, 10, 12]), window_ms=10)
+    >>> {window: dict(counts) for window, counts in truth.items()}
+    {0: {b'a': 2, b'b': 1}, 10: {b'a': 1, b'b': 1}}
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from operators.keys import KeyBatch
+from operators.schemes.hashing import FIRST_SEED
+from pipeline import kafka_io
+from pipeline.records import END_OF_STREAM, Kind, encode_input, window_start
+
+if TYPE_CHECKING:
+    import redis
+
+#: Default ``E``: records per second of event time (200k records = five 10 s windows).
+DEFAULT_EVENT_RATE = 4_000.0
+DEFAULT_WINDOW_MS = 10_000
+#: Fields per HINCRBY pipeline command when writing the truth.
+TRUTH_CHUNK = 10_000
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """Producer, sequence number and event time of every record, in send order."""
+
+    producer: np.ndarray
+    seq: np.ndarray
+    event_time_ms: np.ndarray
+    sources: int
+
+
+def plan_stream(records: int, sources: int, event_rate: float, start_ms: int) -> StreamPlan:
+    """Record ``i``: producer ``i mod S``, seq ``i div S``, time ``start + floor(i*1000/E)``."""
+    if sources < 1:
+        raise ValueError(f"sources must be >= 1, got {sources}")
+    if not event_rate > 0:
+        raise ValueError(f"event rate must be > 0, got {event_rate}")
+    index = np.arange(records, dtype=np.int64)
+    offsets = np.floor(index * (1000.0 / float(event_rate))).astype(np.int64)
+    return StreamPlan(
+        producer=(index % sources).astype(np.int64),
+        seq=index // sources,
+        event_time_ms=np.int64(start_ms) + offsets,
+        sources=int(sources),
+    )
+
+
+def ground_truth(
+    keys: KeyBatch, event_time_ms: np.ndarray, window_ms: int
+) -> dict[int, list[tuple[bytes, int]]]:
+    """``{window_start: [(key, count), ...]}`` of a stream: what every final count must equal.
+
+    One ``np.unique`` of key fingerprints per window. Raises ``ValueError`` if two distinct
+    keys share a 64-bit fingerprint (checked with a second, independent 64-bit hash).
+    """
+    key_ids = keys.key_ids()
+    check = keys.hash64(FIRST_SEED)
+    windows = window_start(event_time_ms, window_ms)
+    out: dict[int, list[tuple[bytes, int]]] = {}
+    for window in np.unique(windows).tolist():
+        members = np.flatnonzero(windows == window)
+        _, first, inverse, counts = np.unique(
+            key_ids[members], return_index=True, return_inverse=True, return_counts=True
+        )
+        representative = members[first]
+        if np.any(check[members] != check[representative][inverse]):
+            raise ValueError("two distinct keys share a 64-bit fingerprint; truth would merge them")
+        out[int(window)] = list(
+            zip([keys[int(i)] for i in representative], counts.tolist(), strict=True)
+        )
+    return out
+
+
+def write_truth(
+    client: redis.Redis, names: kafka_io.RunNames, truth: dict[int, list[tuple[bytes, int]]]
+) -> None:
+    """HINCRBY every (key, window) count into ``truth:{window}`` (pipelined, in chunks)."""
+    pipe = client.pipeline(transaction=False)
+    for window, counts in truth.items():
+        name = names.redis_key("truth", window)
+        for key, count in counts:
+            pipe.hincrby(name, key, count)
+            if len(pipe) >= TRUTH_CHUNK:
+                pipe.execute()
+    pipe.execute()
+
+
+def _split_keys(keys: KeyBatch) -> list[bytes]:
+    """The keys as bytes objects, sliced from one ``bytes`` copy of the buffer (fast)."""
+    raw = keys.data.tobytes()
+    bounds = keys.offsets.tolist()
+    return [raw[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+@dataclass
+class ProduceResult:
+    """What one :func:`produce_stream` call sent."""
+
+    records: int
+    windows: list[int]
+    seconds: float
+    sent_per_producer: list[int]
+    watermarks: int
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else float("inf")
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "records": self.records,
+            "windows": len(self.windows),
+            "first_window": self.windows[0] if self.windows else None,
+            "seconds": round(self.seconds, 3),
+            "rate": round(self.rate, 1),
+            "sent_per_producer": self.sent_per_producer,
+            "watermarks": self.watermarks,
+        }
+
+
+def produce_stream(
+    keys: KeyBatch,
+    *,
+    bootstrap: str,
+    redis_client: redis.Redis,
+    names: kafka_io.RunNames,
+    sources: int,
+    window_ms: int = DEFAULT_WINDOW_MS,
+    event_rate: float = DEFAULT_EVENT_RATE,
+    rate: float | None = None,
+    start_ms: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> ProduceResult:
+    """Send ``keys`` to ``keys``-topic partitions 0..S-1 and record the truth; see the module.
+
+    Returns when every record is acknowledged; raises ``RuntimeError`` naming the first
+    delivery failure if any record was not.
+    """
+    from confluent_kafka import Producer
+
+    n = len(keys)
+    paced = rate is not None
+    if paced:
+        event_rate = float(rate)  # type: ignore[arg-type]
+        start_ms = int(time.time() * 1000) if start_ms is None else start_ms
+    elif start_ms is None:
+        start_ms = int(time.time() * 1000) // window_ms * window_ms
+    plan = plan_stream(n, sources, event_rate, start_ms)
+    truth = ground_truth(keys, plan.event_time_ms, window_ms)
+    write_truth(redis_client, names, truth)
+
+    values = encode_input(plan.event_time_ms, plan.producer, plan.seq)
+    key_list = _split_keys(keys)
+    windows = window_start(plan.event_time_ms, window_ms)
+    # A producer's record opens a new window when its previous record (i - S) was in another.
+    opens_window = np.zeros(n, dtype=bool)
+    opens_window[sources:] = windows[sources:] != windows[:-sources]
+    failures: list[str] = []
+
+    def on_delivery(error: Any, _message: Any) -> None:
+        if error is not None:
+            failures.append(str(error))
+
+    # Reports of failures only: a Python callback per acknowledged record would cost more than
+    # the produce call itself.
+    producer = Producer(
+        kafka_io.producer_config(
+            bootstrap, on_delivery=on_delivery, **{"delivery.report.only.error": True}
+        )
+    )
+    topic = names.keys_topic
+    watermarks = 0
+
+    def send(key: bytes, value: bytes, partition: int) -> None:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, partition=partition)
+                return
+            except BufferError:
+                producer.poll(0.05)
+
+    def watermark(p: int, time_ms: int, seq: int) -> None:
+        nonlocal watermarks
+        marker = encode_input(np.array([time_ms]), np.array([p]), np.array([seq]), Kind.WATERMARK)
+        send(b"", marker[0], p)
+        watermarks += 1
+
+    began = time.perf_counter()
+    # Paced: record i is due at its own event time (wall clock), sent in 10 ms chunks.
+    chunk = max(1, int(rate // 100)) if paced else 65_536  # type: ignore[operator]
+    producers = plan.producer.tolist()
+    seqs = plan.seq.tolist()
+    starts = windows.tolist()
+    for first in range(0, n, chunk):
+        last = min(n, first + chunk)
+        if paced:
+            wait = (start_ms + first * 1000.0 / event_rate) / 1000.0 - time.time()
+            if wait > 0:
+                time.sleep(wait)
+        flags = opens_window[first:last].tolist()
+        for i, opens in zip(range(first, last), flags, strict=True):
+            p = producers[i]
+            if opens:
+                watermark(p, starts[i] - 1, seqs[i])
+            try:
+                producer.produce(topic, key=key_list[i], value=values[i], partition=p)
+            except BufferError:
+                send(key_list[i], values[i], p)
+        producer.poll(0)
+        if progress is not None:
+            progress(last)
+    sent = [len(range(p, n, sources)) for p in range(sources)]
+    for p in range(sources):
+        watermark(p, int(END_OF_STREAM), sent[p])
+    remaining = producer.flush(60)
+    seconds = time.perf_counter() - began
+    if remaining:
+        failures.append(f"{remaining} record(s) not acknowledged within 60 s")
+    if failures:
+        raise RuntimeError(f"kafka delivery failed: {failures[0]} ({len(failures)} failure(s))")
+    pipe = redis_client.pipeline(transaction=False)
+    for p, count in enumerate(sent):
+        pipe.incrby(names.redis_key("producer", p, "sent"), count)
+    pipe.execute()
+    return ProduceResult(
+        records=n,
+        windows=sorted(truth),
+        seconds=seconds,
+        sent_per_producer=sent,
+        watermarks=watermarks,
+    )

@@ -1,0 +1,221 @@
+"""The Redis window state against a real Redis: idempotent apply per (worker, batch),
+watermarks, late records, the guarded atomic finalize, and the aggregator's passes."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from operators.keys import KeyBatch
+from pipeline.aggregator import AggregateOptions, Aggregator
+from pipeline.records import END_OF_STREAM
+from pipeline.state_store import StateStore, WorkerBatch
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def store(redis) -> StateStore:
+    return StateStore(redis, f"test-{uuid.uuid4().hex[:10]}")
+
+
+def batch(
+    worker: int,
+    batch_id: int,
+    counts: Mapping[tuple[int, bytes], int],
+    marks: Mapping[int, int] | None = None,
+    latency: Mapping[int, int] | None = None,
+) -> WorkerBatch:
+    pairs = sorted(counts)
+    return WorkerBatch(
+        worker=worker,
+        batch_id=batch_id,
+        windows=np.array([w for w, _ in pairs], dtype=np.int64),
+        keys=KeyBatch.from_bytes([k for _, k in pairs]),
+        counts=np.array([counts[p] for p in pairs], dtype=np.int64),
+        source_watermarks=dict(marks or {}),
+        records=sum(counts.values()),
+        latency=dict(latency or {}),
+    )
+
+
+def test_apply_is_idempotent_per_worker_and_batch(store: StateStore) -> None:
+    first = batch(0, 3, {(0, b"a"): 2, (0, b"b"): 1, (10_000, b"a"): 4})
+    assert store.apply(first, n_sources=1) is True
+    assert store.apply(first, n_sources=1) is False  # the same batch replayed
+    assert store.apply(batch(0, 2, {(0, b"a"): 100}), n_sources=1) is False  # an older one
+    assert store.partial(0, 0) == {b"a": 2, b"b": 1}
+    assert store.partial(0, 10_000) == {b"a": 4}
+    # Another worker's batch 3 is its own (worker, batch) pair.
+    assert store.apply(batch(1, 3, {(0, b"a"): 5}), n_sources=1) is True
+    assert store.apply(batch(0, 4, {(0, b"a"): 1}), n_sources=1) is True
+    assert store.partial(0, 0) == {b"a": 3, b"b": 1}
+    assert store.partial(1, 0) == {b"a": 5}
+    assert store.applied_batches(3) == [4, 3, None]
+    assert store.processed_per_worker(3).tolist() == [8, 5, 0]
+    assert store.per_worker("batches", 2).tolist() == [2, 1]
+    assert store.open_windows() == [0, 10_000]
+
+
+def test_watermark_is_min_over_all_sources(store: StateStore) -> None:
+    assert store.apply(batch(0, 0, {}, marks={0: 9_999}), n_sources=2)
+    assert store.worker_watermarks(1) == [None]  # source 1 has not spoken yet
+    assert store.apply(batch(0, 1, {}, marks={1: 4_999}), n_sources=2)
+    assert store.worker_watermarks(1) == [4_999]
+    assert store.apply(batch(0, 2, {}, marks={1: 19_999, 0: 1}), n_sources=2)
+    assert store.worker_watermarks(1) == [9_999]  # source 0 never goes back to 1
+    assert store.apply(batch(0, 3, {}, marks={0: int(END_OF_STREAM)}), n_sources=2)
+    assert store.apply(batch(0, 4, {}, marks={1: int(END_OF_STREAM)}), n_sources=2)
+    # Stored exactly, not as Lua's double.
+    assert store.client.get(store.keys.wm(0)) == b"9223372036854775807"
+    assert store.min_watermark(1) == END_OF_STREAM
+    assert store.min_watermark(2) is None
+
+
+def test_records_of_a_closed_window_count_as_late(store: StateStore) -> None:
+    store.apply(batch(0, 0, {(0, b"a"): 2}), n_sources=1)
+    assert store.close_window(0, n_workers=2) == [{b"a": 2}, {}]
+    store.apply(batch(0, 1, {(0, b"a"): 3, (10_000, b"a"): 1}), n_sources=1)
+    assert store.partial(0, 0) == {b"a": 2}  # frozen
+    assert store.partial(0, 10_000) == {b"a": 1}
+    assert store.per_worker("late", 1).tolist() == [3]
+    assert store.processed_per_worker(1).tolist() == [6]
+
+
+def test_big_batch_and_big_window(store: StateStore) -> None:
+    # 30,000 pairs in one script call; 12,000 keys finalized in HSET chunks of 500 pairs.
+    counts = {(w, f"k{i}".encode()): i % 7 + 1 for w in (0, 10_000) for i in range(15_000)}
+    assert store.apply(batch(0, 0, counts), n_sources=1)
+    merged = {f"k{i}".encode(): i % 7 + 1 for i in range(12_000)}
+    assert store.finalize_window(0, 1, merged, [], state_entries=12_000)
+    assert store.result(0) == merged
+
+
+def test_finalize_once_and_atomically(store: StateStore) -> None:
+    store.apply(batch(0, 0, {(0, b"a"): 2, (0, b"b"): 1}), n_sources=1)
+    store.apply(batch(1, 0, {(0, b"a"): 5}), n_sources=1)
+    partials = store.close_window(0, 2)
+    assert partials == [{b"a": 2, b"b": 1}, {b"a": 5}]
+    outcomes: list[bool] = []
+
+    def finalize(counts: dict[bytes, int]) -> None:
+        outcomes.append(store.finalize_window(0, 2, counts, [(b"a", 7)], state_entries=3))
+
+    threads = [threading.Thread(target=finalize, args=({b"a": 7, b"b": i},)) for i in (1, 99)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == [False, True]  # exactly one finalize happened
+    result = store.result(0)
+    assert result[b"a"] == 7 and result[b"b"] in (1, 99)
+    assert store.topk(0) == [(b"a", 7)]
+    assert store.state_keys() == []
+    assert store.final_windows() == [0] and store.open_windows() == []
+    totals = store.window_totals()
+    assert totals["windows"] == 1 and totals["state_entries"] == 3
+    assert totals["distinct_keys"] == 2 and totals["records"] == 7 + result[b"b"]
+    # A rerun after a crash changes nothing.
+    assert store.finalize_window(0, 2, {b"z": 1}, [], state_entries=1) is False
+    assert store.result(0) == result
+
+
+def test_aggregator_closes_only_what_the_watermark_passed(store: StateStore) -> None:
+    published: list[tuple[bytes, bytes]] = []
+    options = AggregateOptions(workers=2, window_ms=10_000, top_k=1, run_id=store.keys.run_id)
+    aggregator = Aggregator(store, options, published.extend)
+    aggregator.check_config()
+    store.apply(batch(0, 0, {(0, b"a"): 2, (10_000, b"b"): 1}, marks={0: 9_999}), 1)
+    store.apply(batch(1, 0, {(0, b"a"): 3, (0, b"c"): 4}, marks={0: 4_000}), 1)
+    assert aggregator.step().finalized == []  # worker 1 is still inside window 0
+    store.apply(batch(1, 1, {}, marks={0: 9_999}), 1)
+    step = aggregator.step()
+    assert (step.finalized, step.published, step.finished) == ([0], [0], False)
+    assert store.result(0) == {b"a": 5, b"c": 4}
+    assert store.topk(0) == [(b"a", 5)]
+    assert store.partial(0, 0) == {} and store.partial(0, 10_000) == {b"b": 1}
+    assert [key for key, _ in published] == [b"0"]
+    assert aggregator.step().published == []  # nothing twice
+    for worker in (0, 1):
+        store.apply(batch(worker, 5, {}, marks={0: int(END_OF_STREAM)}), 1)
+    step = aggregator.step()
+    assert (step.finalized, step.published, step.finished) == ([10_000], [10_000], True)
+    assert len(published) == 2
+
+
+def test_publication_is_retried_after_a_failure(store: StateStore) -> None:
+    sent: list[tuple[bytes, bytes]] = []
+    failures = [RuntimeError("broker gone")]
+
+    def flaky_publish(records: list[tuple[bytes, bytes]]) -> None:
+        if failures:
+            raise failures.pop()
+        sent.extend(records)
+
+    options = AggregateOptions(workers=1, run_id=store.keys.run_id)
+    aggregator = Aggregator(store, options, flaky_publish)
+    store.apply(batch(0, 0, {(0, b"a"): 1}, marks={0: int(END_OF_STREAM)}), 1)
+    with pytest.raises(RuntimeError):
+        aggregator.step()
+    assert store.final_windows() == [0] and store.unpublished_windows() == [0]
+    step = aggregator.step()
+    assert (step.finalized, step.published, step.finished) == ([], [0], True)
+    assert len(sent) == 1
+
+
+def test_config_mismatch_is_refused(store: StateStore) -> None:
+    assert store.claim_config(window_ms=10_000, workers=4) == {}
+    assert store.claim_config(window_ms=5_000, workers=4) == {"window_ms": (10_000, 5_000)}
+    aggregator = Aggregator(
+        store, AggregateOptions(workers=4, window_ms=5_000, run_id="x"), lambda _: None
+    )
+    with pytest.raises(ValueError, match="--window-ms 10000"):
+        aggregator.check_config()
+
+
+def test_verify_and_latency(store: StateStore) -> None:
+    store.client.hset(store.keys.truth(0), mapping={b"a": 5, b"c": 4})
+    store.client.hset(store.keys.truth(10_000), mapping={b"b": 1})
+    store.client.hset(store.keys.result(0), mapping={b"a": 5, b"c": 4})
+    store.client.sadd(store.keys.windows_final, 0)
+    report = store.verify()
+    assert (report.windows, report.keys, report.mismatch_count, report.exact) == (2, 3, 1, False)
+    assert report.mismatches == [(10_000, b"b", 1, 0)]
+    store.client.hset(store.keys.result(10_000), mapping={b"b": 1})
+    assert store.verify().exact
+    store.apply(batch(0, 0, {}, latency={20: 2, 3: 1}), 1)
+    store.apply(batch(1, 0, {}, latency={20: 1}), 1)
+    assert store.latency_histogram(2) == {20: 3, 3: 1}
+    assert store.latency_histogram(2, worker=1) == {20: 1}
+
+
+def test_worker_job_refuses_starts_that_would_break_exactness(
+    store: StateStore, tmp_path: Path
+) -> None:
+    from pipeline.worker_job import WorkerConfigError, WorkOptions, prepare
+
+    options = WorkOptions(
+        workers=2,
+        sources=1,
+        kafka_bootstrap="unused:1",
+        redis_url="unused",
+        checkpoint=tmp_path / "checkpoint",
+        work_topic="unused",
+        run_id=store.keys.run_id,
+    )
+    prepare(options, store)  # a new run: fine, and it records window_ms and workers
+    assert store.claim_config() == {}
+    with pytest.raises(WorkerConfigError, match="window_ms=10000, not 5000"):
+        prepare(dataclasses.replace(options, window_ms=5_000), store)
+    store.apply(batch(1, 0, {(0, b"a"): 1}), n_sources=1)
+    with pytest.raises(WorkerConfigError, match=r"checkpoint .* is new"):
+        prepare(options, store)  # batch ids would restart at 0 and be skipped
+    (tmp_path / "checkpoint" / "offsets").mkdir(parents=True)
+    (tmp_path / "checkpoint" / "offsets" / "0").write_text("v1")
+    prepare(options, store)  # the run's own checkpoint: a restart

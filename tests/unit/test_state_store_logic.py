@@ -1,0 +1,272 @@
+"""The pure parts of the worker's state handling: key names, latency histogram, the apply
+script's arguments, a task's decoding, result records (no Redis, Kafka or Spark here)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from operators.keys import KeyBatch
+from pipeline import records
+from pipeline.aggregator import result_records
+from pipeline.state_store import (
+    RunKeys,
+    WorkerBatch,
+    bucket_upper_ms,
+    key_bytes,
+    key_text,
+    latency_buckets,
+    latency_quantile,
+)
+from pipeline.worker_job import (
+    WorkerJobError,
+    WorkOptions,
+    checkpoint_is_fresh,
+    decode_partition,
+    to_worker_batch,
+)
+
+
+def test_run_keys_spell_the_contract() -> None:
+    keys = RunKeys("r7")
+    assert keys.prefix == "skewer:r7:"
+    assert keys.truth(20_000) == "skewer:r7:truth:20000"
+    assert keys.producer_sent(2) == "skewer:r7:producer:2:sent"
+    assert keys.state(1, -10_000) == "skewer:r7:state:1:-10000"
+    assert keys.applied(4) == "skewer:r7:applied:4"
+    assert keys.wm(0) == "skewer:r7:wm:0"
+    assert keys.wm_sources(0) == "skewer:r7:wm:0:sources"
+    assert keys.result(0) == "skewer:r7:result:0"
+    assert keys.topk(0) == "skewer:r7:topk:0"
+    assert keys.windows_final == "skewer:r7:windows:final"
+    assert keys.stats("records") == "skewer:r7:stats:records"
+    assert keys.latency(3) == "skewer:r7:stats:latency:3"
+    for bad in ("", "a:b", "x*", "with space"):
+        with pytest.raises(ValueError):
+            RunKeys(bad)
+
+
+def test_latency_buckets_by_hand() -> None:
+    # Bucket b > 0 holds (10^((b-1)/20), 10^(b/20)] ms; 10^(1/20) = 1.12202, so 1.1220 is in
+    # bucket 1 and 1.1221 in bucket 2.
+    latencies = np.array([-5.0, 0.0, 1.0, 1.0001, 1.122, 1.1221, 10.0, 100.0, 1000.0, 1001.0])
+    assert latency_buckets(latencies).tolist() == [0, 0, 0, 1, 1, 2, 20, 40, 60, 61]
+    assert bucket_upper_ms(0) == 1.0
+    assert bucket_upper_ms(40) == pytest.approx(100.0)
+
+
+@given(st.lists(st.floats(0.001, 1e6), min_size=1, max_size=50))
+def test_every_latency_lies_in_its_bucket(latencies: list[float]) -> None:
+    for latency, bucket in zip(
+        latencies, latency_buckets(np.array(latencies)).tolist(), strict=True
+    ):
+        upper = bucket_upper_ms(bucket)
+        lower = 0.0 if bucket == 0 else bucket_upper_ms(bucket - 1)
+        assert lower * (1 - 1e-9) <= latency <= upper * (1 + 1e-9) or (bucket == 0 and latency <= 1)
+
+
+def test_latency_quantile_by_hand() -> None:
+    histogram = {0: 50, 20: 49, 40: 1}  # 100 records: 50 <= 1 ms, 49 in (8.9, 10], 1 in (89, 100]
+    assert latency_quantile(histogram, 0.5) == 1.0
+    assert latency_quantile(histogram, 0.51) == 10.0
+    assert latency_quantile(histogram, 0.99) == 10.0
+    assert latency_quantile(histogram, 1.0) == 100.0
+    assert latency_quantile({}, 0.5) is None
+    with pytest.raises(ValueError):
+        latency_quantile(histogram, 0)
+
+
+@given(st.lists(st.integers(0, 80), min_size=1, max_size=200), st.floats(0.01, 1.0))
+def test_latency_quantile_matches_sorted_samples(buckets: list[int], q: float) -> None:
+    # Reference: the ceil(q n)-th smallest sample's bucket edge.
+    histogram: dict[int, int] = {}
+    for bucket in buckets:
+        histogram[bucket] = histogram.get(bucket, 0) + 1
+    rank = math.ceil(q * len(buckets))
+    expected = round(bucket_upper_ms(sorted(buckets)[rank - 1]), 3)
+    assert latency_quantile(histogram, q) == expected
+
+
+def test_script_args_layout() -> None:
+    batch = WorkerBatch(
+        worker=3,
+        batch_id=12,
+        windows=np.array([0, 10_000]),
+        keys=KeyBatch.from_strings(["a", "b"]),
+        counts=np.array([4, 1]),
+        source_watermarks={1: 9_999, 0: 5},
+        records=5,
+        rejected=2,
+        latency={7: 3, 2: 2},
+    )
+    assert batch.script_args("skewer:r:", n_sources=2) == [
+        "skewer:r:", 3, 12, 2,
+        2, 0, b"a", 4, 10_000, b"b", 1,
+        2, 0, 5, 1, 9_999,
+        5, 2,
+        2, 2, 2, 7, 3,
+    ]  # fmt: skip
+
+
+def test_key_text_examples() -> None:
+    assert key_text(b"caf\xc3\xa9") == "café"
+    assert key_bytes(key_text(b"\xff\x00a")) == b"\xff\x00a"
+    assert json.loads(json.dumps(key_text(b"\xfe"))) == key_text(b"\xfe")
+
+
+@given(st.binary(max_size=20))
+def test_key_text_round_trips_through_json(key: bytes) -> None:
+    assert key_bytes(json.loads(json.dumps(key_text(key)))) == key
+
+
+def _inputs(event_times: list[int]) -> np.ndarray:
+    rows = np.zeros(len(event_times), dtype=records.INPUT_DTYPE)
+    rows["magic"], rows["version"] = records.MAGIC, records.VERSION
+    rows["event_time_ms"] = event_times
+    rows["seq"] = np.arange(len(event_times))
+    return rows
+
+
+def test_decode_partition_sorts_rows() -> None:
+    values = records.encode_work(_inputs([1, 2, 3]), source=0, table_version=0)
+    values += [
+        records.encode_marker(records.Kind.WATERMARK, source=1, time_ms=50),
+        records.encode_marker(records.Kind.TABLE_SWITCH, source=0, table_version=2),
+        b"not a record",
+        None,
+    ]
+    keys = [b"k", None, b"k", None, None, b"x", b"y"]
+    decoded = decode_partition(keys, values)
+    assert decoded.data.tolist() == [True, False, True, False, False, False, False]
+    assert decoded.markers.tolist() == [False, False, False, True, False, False, False]
+    # DATA without a key, the junk value and the missing value.
+    assert decoded.rejected == 3
+    assert decoded.data_records == 2
+
+
+def test_worker_batch_by_hand() -> None:
+    event_times = [100, 9_999, 10_000, 150, 25_000]
+    keys: list[bytes | None] = [b"a", b"a", b"a", b"b", b"a"]
+    values = records.encode_work(_inputs(event_times), source=0, table_version=0)
+    values += [
+        records.encode_marker(records.Kind.WATERMARK, source=0, time_ms=9_999),
+        records.encode_marker(records.Kind.WATERMARK, source=1, time_ms=4_000),
+        records.encode_marker(records.Kind.WATERMARK, source=0, time_ms=19_999),
+    ]
+    keys += [None, None, None]
+    timestamps = np.array([1_000, 1_000, 995, 990, 900, 0, 0, 0])
+    decoded = decode_partition(keys, values)
+    batch = to_worker_batch(
+        decoded, keys, timestamps, worker=1, batch_id=4, now_ms=1_010, window_ms=10_000,
+        n_sources=2,
+    )  # fmt: skip
+    triples = sorted(
+        zip(batch.windows.tolist(), batch.keys.to_list(), batch.counts.tolist(), strict=True)
+    )
+    assert triples == [(0, b"a", 2), (0, b"b", 1), (10_000, b"a", 1), (20_000, b"a", 1)]
+    assert dict(batch.source_watermarks) == {0: 19_999, 1: 4_000}
+    assert (batch.worker, batch.batch_id, batch.records, batch.rejected) == (1, 4, 5, 0)
+    # Latencies 10, 10, 15, 20, 110 ms -> buckets 20, 20, 24, 27, 41.
+    assert dict(batch.latency) == {20: 2, 24: 1, 27: 1, 41: 1}
+
+
+def test_watermark_of_an_unknown_source_fails_loudly() -> None:
+    values = [records.encode_marker(records.Kind.WATERMARK, source=2, time_ms=1)]
+    decoded = decode_partition([None], values)
+    with pytest.raises(WorkerJobError, match=r"source 2\b.*2 source"):
+        to_worker_batch(
+            decoded, [None], np.zeros(1), worker=0, batch_id=0, now_ms=0, window_ms=10,
+            n_sources=2,
+        )  # fmt: skip
+
+
+def test_work_options_validation(tmp_path) -> None:
+    base = dict(
+        sources=1, kafka_bootstrap="h:1", redis_url="redis://h", checkpoint=tmp_path,
+        work_topic="work",
+    )  # fmt: skip
+    WorkOptions(workers=1, **base).validate()
+    for bad in (
+        dict(workers=0),
+        dict(workers=2, window_ms=0),
+        dict(workers=2, cpu_cost_us=-1),
+        dict(workers=2, max_records_per_batch=0),
+    ):
+        with pytest.raises(WorkerJobError):
+            WorkOptions(**bad, **base).validate()  # type: ignore[arg-type]
+
+
+def test_checkpoint_is_fresh(tmp_path) -> None:
+    assert checkpoint_is_fresh(tmp_path / "missing")
+    (tmp_path / "offsets").mkdir()
+    assert checkpoint_is_fresh(tmp_path)
+    (tmp_path / "offsets" / "0").write_text("v1")
+    assert not checkpoint_is_fresh(tmp_path)
+
+
+def test_result_records_split_and_content() -> None:
+    counts = {b"b": 2, b"a": 5, b"c": 1}
+    out = result_records("r", 20_000, 10_000, counts, [(b"a", 5)], keys_per_record=2)
+    assert [key for key, _ in out] == [b"20000", b"20000"]
+    values = [json.loads(value) for _, value in out]
+    assert values[0] == {
+        "run_id": "r",
+        "window": 20_000,
+        "window_end": 30_000,
+        "records": 8,
+        "distinct_keys": 3,
+        "top_k": [["a", 5]],
+        "counts": {"a": 5, "b": 2},
+        "part": 0,
+        "parts": 2,
+    }
+    assert values[1]["counts"] == {"c": 1} and values[1]["part"] == 1
+    single = result_records("r", 0, 10, {}, [])
+    assert len(single) == 1 and json.loads(single[0][1])["counts"] == {}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["work", "--workers", "0"], "--workers must be >= 1, got 0"),
+        (["work", "--workers", "2", "--sources", "0"], "--sources must be >= 1, got 0"),
+        (["work", "--workers", "2", "--window-ms", "0"], "--window-ms must be >= 1, got 0"),
+        (["work", "--workers", "2", "--cpu-cost-us", "-1"], "--cpu-cost-us must be >= 0"),
+        (["aggregate", "--workers", "0"], "--workers must be >= 1, got 0"),
+        (["aggregate", "--workers", "2", "--top-k", "-1"], "--top-k must be >= 0"),
+    ],
+)
+def test_bad_arguments_fail_with_one_line_before_any_service(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    from pipeline import cli
+
+    # Nothing answers here: a check that reached for a service would fail differently.
+    monkeypatch.setenv("SKEWER_KAFKA_BOOTSTRAP", "127.0.0.1:9")
+    monkeypatch.setenv("SKEWER_REDIS_URL", "redis://127.0.0.1:9/0")
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and err.startswith(f"skewer {argv[0]}: error:")
+
+
+def test_failure_reason_finds_the_cause_in_sparks_wrapping() -> None:
+    from pipeline.worker_job import failure_reason
+
+    wrapped = (
+        "An exception was raised by the Python Proxy. Return Message: Traceback (most recent...\n"
+        '  File "/x/worker_job.py", line 135, in to_worker_batch\n'
+        "pipeline.worker_job.WorkerJobError: worker 1 got a watermark of source 3, but ...\n"
+        "\tat org.apache.spark.api.python.PythonRunner...\n"
+    )
+    assert failure_reason(Exception(wrapped)) == "worker 1 got a watermark of source 3, but ..."
+    other = (
+        "[STREAM_FAILED] Query terminated\n  File x\nredis.exceptions.ConnectionError: refused\n"
+    )
+    assert failure_reason(Exception(other)) == "ConnectionError: refused"
+    assert failure_reason(Exception("just this\nand that")) == "just this"
+    assert failure_reason(KeyError()) == "KeyError"
