@@ -11,7 +11,7 @@ PYTHON ?= $$(command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.skewer-installed
-DEMO_ARGS ?= --records 100000 --workers 8
+DEMO_ARGS ?= --scheme pkg --records 100000 --verify
 # A hung test must not eat CI's whole budget.
 PYTEST_ARGS ?= --timeout=900
 

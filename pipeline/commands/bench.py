@@ -3,7 +3,9 @@
 ``skewer bench paper [--quick] [--only NAME ...]`` runs every experiment module of
 ``bench/experiments`` (or the named ones) and writes ``<name>.md`` (headed by the command and
 the machine), its PNG figures and its data as JSON. ``skewer bench speed`` measures routing,
-simulation and planning speed into ``speed.md``. ``--out DIR`` writes elsewhere.
+simulation and planning speed into ``speed.md``. ``skewer bench e2e`` runs the live pipeline
+once per live scheme (services must answer) into ``end_to_end.md``. ``--out DIR`` writes
+elsewhere.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     speed.add_argument("--quick", action="store_true", help="10^6 keys instead of 10^7")
     speed.add_argument("--out", type=Path, help="output directory (default bench/results)")
     speed.set_defaults(handler=run_speed)
+    e2e = commands.add_parser("e2e", help="throughput and latency of the live pipeline per scheme")
+    e2e.add_argument("--records", type=int, default=200_000, help="records per run (200000)")
+    e2e.add_argument("--cpu-cost-us", type=float, default=1000.0, help="µs per record (1000)")
+    e2e.add_argument("--only", nargs="+", metavar="SCHEME", help="these live schemes only")
+    e2e.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    e2e.set_defaults(handler=run_e2e)
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -79,6 +87,41 @@ def run_speed(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - began
     paths = harness.write_result(
         result, args.out or harness.RESULTS_DIR, _command(args), harness.machine_info(), seconds
+    )
+    print(result.markdown)
+    _log(f"written: {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+def run_e2e(args: argparse.Namespace) -> int:
+    import time
+
+    from bench import end_to_end, harness
+    from pipeline.cli import UsageError
+    from pipeline.orchestrator import PipelineError
+
+    words = ["skewer", "bench", "e2e", "--records", str(args.records)]
+    words += ["--cpu-cost-us", f"{args.cpu_cost_us:g}"]
+    if args.only:
+        words += ["--only", *args.only]
+    if args.out is not None:
+        words += ["--out", str(args.out)]
+    began = time.perf_counter()
+    try:
+        result = end_to_end.run(
+            records=args.records,
+            cpu_cost_us=args.cpu_cost_us,
+            schemes=args.only or end_to_end.LIVE_SCHEMES,
+            log=_log,
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    except PipelineError as error:
+        print(f"skewer bench e2e: error: {error}", file=sys.stderr)
+        return 1
+    seconds = time.perf_counter() - began
+    paths = harness.write_result(
+        result, args.out or harness.RESULTS_DIR, " ".join(words), harness.machine_info(), seconds
     )
     print(result.markdown)
     _log(f"written: {', '.join(str(p) for p in paths)}")

@@ -1,200 +1,201 @@
-"""`skewer demo`: a smoke run of the pipeline's first hop through the real Kafka broker.
+"""`skewer demo`: the live pipeline end to end -- produce, group, work, aggregate -- for one run.
 
-It draws a skewed key stream (``--workload``, a :mod:`producers.workloads` spec; ``--records``
-sets its length), routes every key with a grouping scheme (``--scheme``, default ``key``), and
-produces each record into a fresh topic of ``--workers`` partitions at exactly the partition the
-scheme chose: partition w IS worker w. Then it reads the topic back from the beginning and
-prints, per partition, how many records were produced and how many were read, plus the
-imbalance of the routing (max - avg, and max/avg). Exit code 0 when every partition reads back
-exactly what was produced, 1 otherwise, and 1 with one line when Kafka does not answer.
+It starts Kafka and Redis natively if they do not answer (and stops them again at the end
+unless someone else uses them; ``--keep-services`` leaves them up, ``--no-start`` never starts
+them), then runs ``skewer produce``, ``group``, ``work`` (Spark) and ``aggregate`` as
+subprocesses on a fresh run (its own topics ``{run}-keys``, ``{run}-work``, ... and Redis keys
+``skewer:{run}:``), shows progress on stderr (records produced, grouped, processed; final
+windows; max/avg load of the workers), and prints a summary per worker and overall.
+``--verify`` compares every final (key, window) count with the ground truth and exits 0 only
+if all are equal. ``--json`` prints one object instead. The run's topics, Redis keys and
+Spark checkpoint are deleted at the end unless ``--keep``. Exit 2 on bad arguments (unknown
+scheme, W < 1, ...), 1 when a service does not answer, a stage fails, or ``--verify`` fails.
 
-Later issues grow this into the full demo (Spark workers, Redis state, the controller).
+See pipeline/orchestrator.py for how the stages run and what the figures mean.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
-import time
-import uuid
+from typing import TextIO
 
-import numpy as np
+from pipeline.commands.group import SCHEME_VARIABLE
+from pipeline.commands.produce import DEFAULT_WORKLOAD
 
-from pipeline import config, services
-from pipeline.cli import UsageError
-
-DEFAULT_WORKLOAD = "zipf:z=1.1,keys=1000,seed=7"
+DEFAULT_SCHEME = "pkg"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="route a skewed stream into Kafka (partition w = worker w) and read it back",
-        description=__doc__.split("\n\n")[1],
+        help="run producers, grouping stage, Spark workers and aggregator end to end",
+        description=__doc__.split("\n\n")[1].replace("``", "`"),
     )
-    parser.add_argument("--records", type=int, default=100_000, help="records to produce")
-    parser.add_argument("--workers", type=int, default=8, help="partitions of the topic (W)")
-    parser.add_argument("--scheme", default="key", help="grouping scheme (default: key)")
+    parser.add_argument(
+        "--scheme", help=f"grouping scheme (default: ${SCHEME_VARIABLE}, else {DEFAULT_SCHEME})"
+    )
+    parser.add_argument("--records", type=int, default=100_000, help="records (100000)")
+    parser.add_argument("--workers", type=int, default=8, metavar="W", help="workers (8)")
+    parser.add_argument("--sources", type=int, default=2, metavar="S", help="sources (2)")
     parser.add_argument(
         "--workload",
         default=DEFAULT_WORKLOAD,
-        help=f"key stream spec without n (default: {DEFAULT_WORKLOAD})",
+        metavar="SPEC",
+        help=f"key stream (producers/workloads.py; default {DEFAULT_WORKLOAD})",
     )
-    parser.add_argument("--keep-topic", action="store_true", help="do not delete the topic")
+    parser.add_argument(
+        "--rate", type=float, metavar="R", help="pace the producers at R records/s (real time)"
+    )
+    parser.add_argument(
+        "--window", type=float, default=10.0, metavar="SECONDS", help="tumbling window (10)"
+    )
+    parser.add_argument(
+        "--cpu-cost-us", type=float, default=0.0, metavar="C", help="per-record work, µs (0)"
+    )
+    parser.add_argument(
+        "--event-rate",
+        type=float,
+        metavar="E",
+        help="synthetic event time: records per second of event time (default: produce's)",
+    )
+    parser.add_argument("--top-k", type=int, default=10, metavar="K", help="top keys (10)")
+    parser.add_argument("--verify", action="store_true", help="exit 1 unless counts are exact")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--run-id", help="run id (default: a fresh demo-XXXXXXXX)")
+    parser.add_argument("--topic-prefix", help="prefix of the run's topics (default: RUN-)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the run's topics, Redis keys and checkpoint"
+    )
+    parser.add_argument("--no-start", action="store_true", help="never start services")
+    parser.add_argument(
+        "--keep-services", action="store_true", help="leave services it started running"
+    )
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds (1800)")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.set_defaults(handler=run)
 
 
-def _route(scheme_name: str, workers: int, keys: object) -> np.ndarray:
-    from operators import registry
+class ProgressPrinter:
+    """Progress on stderr: one line rewritten in place on a terminal, a line every few
+    seconds otherwise (logs and CI)."""
 
-    return registry.create(scheme_name, workers).route(keys)
+    def __init__(self, records: int, stream: TextIO | None = None) -> None:
+        self.records = records
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.calls = 0
+        self.width = 0
 
+    def __call__(self, progress: object) -> None:
+        self.calls += 1
+        if not self.tty and self.calls % 5 != 1:
+            return
+        line = progress.line(self.records)  # type: ignore[attr-defined]
+        if self.tty:
+            self.stream.write("\r" + line.ljust(self.width))
+            self.width = len(line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
 
-def produce_routed(bootstrap: str, topic: str, keys: list[bytes], partitions: np.ndarray) -> None:
-    """Send record i (key ``keys[i]``, value its index) to partition ``partitions[i]``."""
-    from confluent_kafka import Producer
-
-    # Idempotence: no duplicates and each partition in production order, even across retries.
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "linger.ms": 20,
-            "log_level": 0,
-        }
-    )
-    failures: list[str] = []
-
-    def on_delivery(error: object, _message: object) -> None:
-        if error is not None:
-            failures.append(str(error))
-
-    for index, (key, partition) in enumerate(zip(keys, partitions.tolist(), strict=True)):
-        while True:
-            try:
-                producer.produce(
-                    topic,
-                    key=key,
-                    value=str(index).encode(),
-                    partition=partition,
-                    on_delivery=on_delivery,
-                )
-                break
-            except BufferError:
-                # The local queue is full: let librdkafka deliver some before retrying.
-                producer.poll(0.1)
-    remaining = producer.flush(60)
-    if remaining or failures:
-        detail = failures[0] if failures else f"{remaining} records undelivered"
-        raise services.ServiceError(f"kafka: producing to {topic!r} failed: {detail}")
+    def done(self) -> None:
+        if self.tty and self.width:
+            self.stream.write("\n")
+            self.stream.flush()
 
 
-def read_partition_counts(
-    bootstrap: str, topic: str, partitions: int, timeout: float = 60.0
-) -> list[int]:
-    """Records per partition of ``topic``, read from the beginning up to the end offsets."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"skewer-demo-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "log_level": 0,
-        }
-    )
-    try:
-        ends = [
-            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
-            for p in range(partitions)
-        ]
-        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-        counts = [0] * partitions
-        positions = [0] * partitions
-        deadline = time.monotonic() + timeout
-        while positions != ends and time.monotonic() < deadline:
-            for message in consumer.consume(num_messages=10_000, timeout=0.5):
-                if message.error() is not None:
-                    continue
-                counts[message.partition()] += 1
-                positions[message.partition()] = message.offset() + 1
-        return counts
-    finally:
-        consumer.close()
+def _say(line: str) -> None:
+    print(f"skewer demo: {line}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from producers import workloads
+    from pipeline import config, orchestrator
+    from pipeline.cli import UsageError
 
-    if args.records < 1:
-        raise UsageError(f"--records must be >= 1, got {args.records}")
-    if args.workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {args.workers}")
-    try:
-        spec = args.workload if "n=" in args.workload else f"{args.workload},n={args.records}"
-        workload = workloads.parse(spec)
-    except workloads.WorkloadError as error:
-        raise UsageError(str(error)) from None
-    if workload.records != args.records:
-        raise UsageError(f"the workload has {workload.records} records, --records {args.records}")
-
-    settings = config.load()
-    if not services.kafka_answers(settings.kafka_bootstrap, timeout=5.0):
-        print(
-            f"skewer demo: Kafka does not answer at {settings.kafka_bootstrap}; "
-            "run `skewer services up` first",
-            file=sys.stderr,
-        )
-        return 1
-
-    started = time.perf_counter()
-    keys = workload.keys()
-    partitions = _route(args.scheme, args.workers, keys)
-    produced = np.bincount(partitions, minlength=args.workers).astype(int).tolist()
-    topic = f"skewer-demo-{uuid.uuid4().hex[:12]}"
-    try:
-        services.create_topic(settings.kafka_bootstrap, topic, args.workers)
-        produce_routed(settings.kafka_bootstrap, topic, keys.to_list(), partitions)
-        consumed = read_partition_counts(settings.kafka_bootstrap, topic, args.workers)
-    except services.ServiceError as error:
-        print(f"skewer demo: {error}", file=sys.stderr)
-        return 1
-    finally:
-        if not args.keep_topic:
-            services.delete_topics(settings.kafka_bootstrap, [topic])
-    seconds = time.perf_counter() - started
-
-    average = args.records / args.workers
-    report = {
-        "topic": topic,
-        "bootstrap": settings.kafka_bootstrap,
-        "workload": workload.spec,
-        "scheme": args.scheme,
+    scheme = args.scheme or os.environ.get(SCHEME_VARIABLE, "").strip() or DEFAULT_SCHEME
+    fields = {
+        "scheme": scheme,
         "records": args.records,
         "workers": args.workers,
-        "produced": produced,
-        "consumed": consumed,
-        "exact": produced == consumed,
-        "imbalance": max(produced) - average,
-        "max_avg_ratio": max(produced) / average,
-        "seconds": round(seconds, 3),
+        "sources": args.sources,
+        "workload": args.workload,
+        "rate": args.rate,
+        "window_ms": round(args.window * 1000),
+        "cpu_cost_us": args.cpu_cost_us,
+        "top_k": args.top_k,
+        "topic_prefix": args.topic_prefix,
     }
+    if args.event_rate is not None:
+        fields["event_rate"] = args.event_rate
+    if args.run_id:
+        fields["run_id"] = args.run_id
+    plan = orchestrator.RunPlan(**fields)
+    try:
+        plan.validate()
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+    settings = config.load()
+    try:
+        lease = orchestrator.ensure_services(
+            settings, start=not args.no_start, keep=args.keep_services
+        )
+    except orchestrator.PipelineError as error:
+        _say(f"error: {error}")
+        return 1
+    if lease.started:
+        kept = "kept running" if args.keep_services else "stopped at the end"
+        _say(f"started {', '.join(lease.started)} ({kept})")
+    quiet = args.quiet
+    if not quiet:
+        _say(
+            f"run {plan.run_id}: scheme {plan.scheme}, W={plan.workers} workers, "
+            f"S={plan.sources} sources, {plan.records:,} records of {plan.workload}, "
+            f"windows of {plan.window_ms / 1000:g} s, CPU cost {plan.cpu_cost_us:g} µs/record"
+        )
+    printer = ProgressPrinter(plan.records)
+    summary = None
+    try:
+        with orchestrator.Pipeline(plan, settings, log=None if quiet else _say) as pipeline:
+            try:
+                pipeline.prepare()
+                pipeline.start_all()
+                pipeline.wait(timeout=args.timeout, on_progress=None if quiet else printer)
+                summary = pipeline.summary()
+            finally:
+                printer.done()
+                # Stop what still runs before deleting the run (a failure, Ctrl-C, a timeout);
+                # a failed run's logs stay for the error message to point at.
+                pipeline.stop()
+                if args.keep:
+                    topics = ", ".join(plan.topics)
+                    _say(f"kept: topics {topics}, Redis keys {plan.names.redis_prefix}*")
+                else:
+                    pipeline.cleanup(logs=summary is not None)
+    except orchestrator.PipelineError as error:
+        _say(f"error: {error}")
+        return 1
+    except KeyboardInterrupt:
+        _say("interrupted: every stage stopped")
+        raise
+    finally:
+        lease.release()
+
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(summary.as_json()))
     else:
         print(
-            f"{args.records} records of {workload.spec}, scheme {args.scheme}, "
-            f"into topic {topic} ({args.workers} partitions, partition w = worker w)"
+            f"run {plan.run_id}: scheme {plan.scheme}, {plan.records:,} records of "
+            f"{plan.workload}, W={plan.workers}, S={plan.sources}"
         )
-        print(f"{'worker':>6} {'produced':>9} {'read back':>9}")
-        for worker, (sent, read) in enumerate(zip(produced, consumed, strict=True)):
-            print(f"{worker:>6} {sent:>9} {read:>9}")
-        print(
-            f"imbalance max-avg = {report['imbalance']:.1f} records, "
-            f"max/avg = {report['max_avg_ratio']:.3f}; "
-            f"read back {'exactly' if report['exact'] else 'NOT'} what was produced "
-            f"({seconds:.1f} s)"
-        )
-    return 0 if report["exact"] else 1
+        print("\n".join(summary.lines()))
+        print("\n".join(summary.verification.lines()))
+    if args.verify and not summary.exact:
+        if args.json:
+            for line in summary.verification.lines():
+                print(line, file=sys.stderr)
+        return 1
+    return 0

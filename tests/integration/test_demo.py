@@ -1,57 +1,384 @@
-"""`skewer demo` routes with a real scheme into real Kafka partitions and reads them back."""
+"""`skewer demo`: the whole pipeline through its real entry points, and its failures at start.
+
+The acceptance command of issue 4 -- ``skewer demo --scheme pkg --records 100000 --verify
+--json`` -- runs produce, group, work (its own Spark) and aggregate as subprocesses. Its
+per-worker loads are checked against PKG written out by hand (two MurmurHash3 choices, seeds 13
+and 17, the less loaded by this source's own counts, ties to the first: DESIGN.md, PKG §III).
+"""
 
 from __future__ import annotations
 
+import io
 import json
-from collections import Counter
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import mmh3
 import pytest
 
-from pipeline import cli
+from pipeline import cli, config, kafka_io, services
+from pipeline.commands.demo import ProgressPrinter
+from pipeline.orchestrator import Progress, RunPlan, imbalance, max_avg
 
-pytestmark = pytest.mark.integration
+WORKLOAD = "zipf:z=1.2,keys=100000,seed=0"
 
 
-def test_demo_json_counts_per_partition_match_an_independent_reference(
-    kafka: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.fixture
+def services_env(kafka: str, redis: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    kwargs = redis.connection_pool.connection_kwargs
+    monkeypatch.setenv(config.ENV_KAFKA_BOOTSTRAP, kafka)
+    monkeypatch.setenv(config.ENV_REDIS_URL, f"redis://{kwargs['host']}:{kwargs['port']}/1")
+    yield
+
+
+def pkg_reference_loads(keys: list[bytes], workers: int, sources: int) -> list[int]:
+    """Partial key grouping, one slow obvious loop per source over its records s, s+S, ..."""
+    total = [0] * workers
+    for source in range(sources):
+        local = [0] * workers
+        for key in keys[source::sources]:
+            first = abs(mmh3.hash64(key, 13, signed=True)[0]) % workers
+            second = abs(mmh3.hash64(key, 17, signed=True)[0]) % workers
+            chosen = second if local[second] < local[first] else first
+            local[chosen] += 1
+        total = [a + b for a, b in zip(total, local, strict=True)]
+    return total
+
+
+@pytest.mark.integration
+def test_demo_pkg_100000_verify_json_is_exact_and_reports_the_contract_fields(
+    services_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from producers import workloads
+    from producers.workloads import parse
 
-    monkeypatch.setenv("SKEWER_KAFKA_BOOTSTRAP", kafka)
-    spec = "zipf:z=1.1,keys=200,seed=3"
-    exit_code = cli.main(
-        ["demo", "--records", "20000", "--workers", "8", "--workload", spec, "--json"]
-    )
-    report = json.loads(capsys.readouterr().out)
-    assert exit_code == 0
+    code = cli.main(["demo", "--scheme", "pkg", "--records", "100000", "--verify", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report = json.loads(captured.out)
 
-    # Key grouping, written out from its definition: worker = |MurmurHash3_x64_128(key, 13)[0]|
-    # mod W, the first 64 bits read as a signed integer (DESIGN.md).
-    keys = workloads.parse(f"{spec},n=20000").keys().to_list()
-    workers = Counter(abs(mmh3.hash64(key, 13, signed=True)[0]) % 8 for key in keys)
-    expected = [workers[w] for w in range(8)]
-
-    assert report["records"] == 20_000
-    assert report["produced"] == expected
-    assert report["consumed"] == expected
+    keys = parse(f"{WORKLOAD},n=100000").keys().to_list()
+    loads = pkg_reference_loads(keys, workers=8, sources=2)
+    assert report["scheme"] == "pkg"
+    assert report["records_produced"] == report["records_processed"] == 100_000
     assert report["exact"] is True
-    assert report["imbalance"] == max(expected) - 20_000 / 8
-    assert report["max_avg_ratio"] == max(expected) / (20_000 / 8)
+    assert report["verification"]["mismatch_count"] == 0
+    # 100,000 records at 4,000 records per second of event time, from a window boundary.
+    assert report["windows"] == 3
+    assert report["per_worker"] == loads
+    assert report["imbalance_final"] == round(max(loads) - 100_000 / 8, 3)
+    assert report["max_avg_ratio"] == round(max(loads) / (100_000 / 8), 4)
+    assert report["dead_letters"] == 0
+    assert report["throughput"] > 0 and report["seconds"] > 0
+    assert report["throughput"] == pytest.approx(100_000 / report["seconds"], rel=1e-3)
+    assert 0 < report["latency_p50_ms"] <= report["latency_p99_ms"]
+    # PKG keeps a key on at most two workers: between 1 and 2 state entries per key.
+    assert 1.0 < report["replication"] <= 2.0
+    # Progress went to stderr, the JSON alone to stdout.
+    assert "produced" in captured.err and captured.out.count("\n") == 1
 
 
-def test_demo_without_kafka_is_one_line_and_exit_1(
+def _children(pid: int) -> dict[int, str]:
+    """pid -> skewer subcommand of the processes whose parent is ``pid``."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid and b"pipeline.cli" in argv:
+            found[int(entry.name)] = argv[argv.index(b"pipeline.cli") + 1].decode()
+    return found
+
+
+def _group_members(pgids: set[int]) -> list[int]:
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if fields[0] != "Z" and int(fields[2]) in pgids:
+                members.append(int(entry.name))
+    return members
+
+
+@pytest.mark.integration
+def test_ctrl_c_stops_every_stage_with_its_children_and_deletes_the_run(
+    services_env: None, kafka: str, redis: Any
+) -> None:
+    run_id = f"demo-sigint-{uuid.uuid4().hex[:6]}"
+    argv = ["demo", "--records", "100000", "--run-id", run_id, "--cpu-cost-us", "2000", "--quiet"]
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    stages: dict[int, str] = {}
+    deadline = time.monotonic() + 120
+    # Wait until the workers process records: every stage has started by then.
+    while not int(redis.hlen(f"skewer:{run_id}:stats:records") or 0):
+        assert demo.poll() is None, demo.communicate()
+        assert time.monotonic() < deadline, "the demo did not get going"
+        stages.update(_children(demo.pid))
+        time.sleep(0.1)
+    stages.update(_children(demo.pid))
+    assert {"work", "aggregate", "group"} <= set(stages.values())
+    os.kill(demo.pid, signal.SIGINT)
+    _, err = demo.communicate(timeout=60)
+    assert demo.returncode == 130, err
+    assert b"skewer demo: interrupted: every stage stopped" in err
+    # Every stage leads its own process group: the Spark JVM and Python workers, the grouping
+    # stage's source processes went with them.
+    assert _group_members(set(stages)) == []
+    assert all(kafka_io.topic_partitions(kafka, f"{run_id}-{t}") is None for t in ("keys", "work"))
+    assert list(redis.scan_iter(match=f"skewer:{run_id}:*")) == []
+    # The stage logs of an interrupted run stay for a look; this test's go.
+    logs = config.load().run_dir / "demo" / run_id
+    assert (logs / "work.err").exists()
+    shutil.rmtree(logs)
+
+
+@pytest.mark.integration
+def test_an_existing_run_is_refused_and_left_alone(
+    services_env: None, kafka: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_id = f"demo-taken-{uuid.uuid4().hex[:6]}"
+    services.create_topic(kafka, f"{run_id}-work", 3)
+    try:
+        assert cli.main(["demo", "--records", "10", "--run-id", run_id, "--quiet"]) == 1
+        assert capsys.readouterr().err == (
+            f"skewer demo: error: run '{run_id}' exists already (topic '{run_id}-work'); "
+            "use another --run-id and --topic-prefix\n"
+        )
+        assert kafka_io.topic_partitions(kafka, f"{run_id}-work") == 3
+    finally:
+        services.delete_topics(kafka, [f"{run_id}-work"])
+
+
+@pytest.mark.integration
+def test_a_service_that_does_not_answer_is_started_for_the_run_and_stopped_after(
+    kafka: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.orchestrator import ensure_services
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # A private Redis (own port and run directory) beside the session's services.
+    monkeypatch.setenv(config.ENV_RUN_DIR, str(tmp_path / "run"))
+    monkeypatch.setenv(config.ENV_KAFKA_BOOTSTRAP, kafka)
+    monkeypatch.setenv(config.ENV_REDIS_URL, f"redis://127.0.0.1:{port}/0")
+    settings = config.load()
+    assert not services.redis_answers(settings.redis_url)
+    lease = ensure_services(settings, start=True)
+    try:
+        assert lease.started == ["redis"] and lease.leased == ["redis"]
+        assert services.redis_answers(settings.redis_url)
+    finally:
+        lease.release()
+    assert not services.redis_answers(settings.redis_url)
+
+
+@pytest.mark.integration
+def test_a_failing_stage_stops_the_run_with_its_own_error_line(services_env: None) -> None:
+    from pipeline.orchestrator import Pipeline, StageFailedError
+
+    plan = RunPlan(
+        scheme="key", records=10, workers=2, sources=1, run_id=f"demo-fail-{uuid.uuid4().hex[:6]}"
+    )
+    with Pipeline(plan) as pipeline:
+        try:
+            pipeline.prepare()
+            # The run's recorded window length disagrees with the aggregator's: it refuses.
+            pipeline.store.client.hset(pipeline.store.keys.config, "window_ms", 5000)
+            pipeline.start_all(["aggregate"])
+            with pytest.raises(StageFailedError) as failed:
+                pipeline.wait(timeout=60)
+        finally:
+            pipeline.cleanup()
+    assert failed.value.stage == "aggregate" and failed.value.code == 2
+    assert failed.value.reason == (
+        f"skewer aggregate: error: run '{plan.run_id}' uses window_ms=5000, not 10000: "
+        "pass --window-ms 5000"
+    )
+    assert str(failed.value).startswith(f"aggregate failed (exit 2): {failed.value.reason} (log: ")
+
+
+def test_demo_rejects_an_unknown_scheme_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--scheme", "nope", "--records", "10"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1
+    assert error.startswith("skewer demo: error: unknown scheme 'nope'; valid schemes: key, ")
+
+
+def test_demo_rejects_a_simulator_only_scheme(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--scheme", "pkg-global", "--records", "10"]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1
+    assert "pkg-global reads global state no live source has" in error
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--workers", "0"], "--workers must be >= 1, got 0"),
+        (["--sources", "0"], "--sources must be >= 1, got 0"),
+        (["--records", "0"], "--records must be >= 1, got 0"),
+        (["--cpu-cost-us", "-1"], "--cpu-cost-us must be >= 0, got -1.0"),
+        (["--window", "0"], "--window must be >= 1, got 0"),
+    ],
+)
+def test_demo_rejects_bad_numbers(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["demo", *argv]) == 2
+    assert capsys.readouterr().err == f"skewer demo: error: {message}\n"
+
+
+def test_demo_uses_grouping_scheme_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Port 1 on the loopback address: nothing listens there.
-    monkeypatch.setenv("SKEWER_KAFKA_BOOTSTRAP", "127.0.0.1:1")
-    assert cli.main(["demo", "--records", "10"]) == 1
-    error = capsys.readouterr().err
-    assert error == (
-        "skewer demo: Kafka does not answer at 127.0.0.1:1; run `skewer services up` first\n"
+    monkeypatch.setenv("GROUPING_SCHEME", "not-a-scheme")
+    assert cli.main(["demo", "--records", "10"]) == 2
+    assert "unknown scheme 'not-a-scheme'" in capsys.readouterr().err
+
+
+def test_demo_with_an_unreachable_broker_is_one_line_and_exit_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Port 1 on the loopback address: nothing listens there; --no-start: do not start one.
+    monkeypatch.setenv(config.ENV_KAFKA_BOOTSTRAP, "127.0.0.1:1")
+    assert cli.main(["demo", "--records", "10", "--no-start"]) == 1
+    assert capsys.readouterr().err == (
+        "skewer demo: error: kafka does not answer at 127.0.0.1:1 (--no-start); "
+        "start it: skewer services up\n"
     )
 
 
-def test_demo_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["demo", "--workers", "0"]) == 2
-    assert capsys.readouterr().err == "skewer demo: error: --workers must be >= 1, got 0\n"
+def test_a_remote_broker_that_does_not_answer_is_never_started(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # TEST-NET-1 (RFC 5737): not ours, so not ours to start either.
+    monkeypatch.setenv(config.ENV_KAFKA_BOOTSTRAP, "192.0.2.1:9092")
+    assert cli.main(["demo", "--records", "10"]) == 1
+    assert capsys.readouterr().err == (
+        "skewer demo: error: kafka does not answer at 192.0.2.1:9092; "
+        "start it: skewer services up\n"
+    )
+
+
+def test_plan_commands_and_balance_figures() -> None:
+    plan = RunPlan(
+        scheme="fish", records=500, workers=3, sources=1, rate=250.0, run_id="x", cpu_cost_us=0.5
+    )
+    assert " ".join(plan.argv("produce")) == (
+        "produce --workload zipf:z=1.2,keys=100000,seed=0 --records 500 --sources 1 "
+        "--window-ms 10000 --event-rate 4000 --rate 250 --run-id x --topic-prefix x- --json"
+    )
+    assert " ".join(plan.argv("aggregate")) == (
+        "aggregate --workers 3 --window-ms 10000 --lateness-ms 0 --top-k 10 --run-id x "
+        "--topic-prefix x- --until-end --json"
+    )
+    checkpoint = plan.checkpoint_dir(config.load())
+    assert " ".join(plan.argv("work")) == (
+        "work --workers 3 --sources 1 --window-ms 10000 --cpu-cost-us 0.5 --checkpoint "
+        f"{checkpoint} --run-id x --topic-prefix x- --until-end --json"
+    )
+    assert plan.topics == ["x-keys", "x-work", "x-dead-letters", "x-results"]
+    # I = max - avg and lambda = max / avg (PKG §II), by hand: loads 6, 2, 1 -> avg 3.
+    assert imbalance([6, 2, 1]) == 3.0
+    assert max_avg([6, 2, 1]) == 2.0
+    assert max_avg([0, 0]) == 0.0
+
+
+def test_progress_lines() -> None:
+    progress = Progress(
+        elapsed=3.3,
+        produced=500,
+        grouped=400,
+        processed=300,
+        loads=[200, 50, 50],
+        windows_final=1,
+    )
+    assert progress.line(1000) == (
+        "[   3.3 s] produced 500/1,000 · grouped 400 · processed 300 (30%) · windows final 1 · "
+        "load max/avg 2.00 (worker 0: 200)"
+    )
+    stream = io.StringIO()
+    printer = ProgressPrinter(1000, stream)
+    for _ in range(6):
+        printer(progress)
+    # Not a terminal: every fifth report is printed, as a line of its own.
+    assert stream.getvalue().count("\n") == 2
+
+
+def test_benchmark_table_ratios_and_verdicts() -> None:
+    from bench.end_to_end import markdown
+
+    def fake(scheme: str, throughput: float, p99: float, hottest: float) -> dict[str, Any]:
+        return {
+            "scheme": scheme,
+            "throughput": throughput,
+            "seconds": 100_000 / throughput,
+            "bound_seconds": hottest * 100,
+            "latency_p50_ms": p99 / 2,
+            "latency_p99_ms": p99,
+            "max_avg_ratio": hottest * 8,
+            "hottest_share": hottest,
+            "replication": 1.0,
+            "exact": True,
+            "offered_rate": 40_000.0,
+        }
+
+    text = markdown(
+        [
+            fake("key", 2_000, 40_000, 0.31),
+            fake("shuffle", 5_000, 20_000, 0.125),
+            fake("pkg", 4_000, 10_000, 0.142),
+        ],
+        100_000,
+        1_000,
+    )
+    assert "| pkg | 4,000 | 2.00 | 0.80 | 25.0 | 14.2 | 5,000 | 10,000 | 1.136 | 14.2 % |" in text
+    assert "- pkg >= 1.6x key throughput: 2.00x -- met." in text
+    assert "- pkg >= 0.9x shuffle throughput: 0.80x -- missed." in text
+    assert "10,000 ms vs 40,000 ms (0.25x)" in text
+    assert "at least 5.0x what the 8 workers can serve together (8,000 records/s)" in text
+    # 31 % / 14.2 % and 12.5 % / 14.2 %: the bounds the hottest workers set.
+    assert "at most 2.18x key and 0.88x shuffle for pkg" in text
+
+
+def test_the_benchmark_stream_facts_that_explain_pkg() -> None:
+    """bench/end_to_end.py's PKG_ON_THIS_STREAM, recomputed: the hottest key's share and
+    choices, and the second hottest key's two choices landing on one worker."""
+    from collections import Counter
+
+    from bench.end_to_end import PKG_ON_THIS_STREAM, WORKERS, WORKLOAD
+    from producers.workloads import parse
+
+    keys = parse(f"{WORKLOAD},n=200000").keys().to_list()
+    (first, first_count), (second, second_count) = Counter(keys).most_common(2)
+
+    def choices(key: bytes) -> tuple[int, int]:
+        return tuple(abs(mmh3.hash64(key, seed, signed=True)[0]) % WORKERS for seed in (13, 17))
+
+    assert round(100 * first_count / len(keys), 1) == 19.7
+    assert choices(first) == (6, 0)
+    assert round(100 * second_count / len(keys), 1) == 8.5
+    assert choices(second) == (3, 3)
+    assert "19.7 %" in PKG_ON_THIS_STREAM and "(8.5 %) hashes to worker 3" in PKG_ON_THIS_STREAM

@@ -1,0 +1,207 @@
+"""End-to-end throughput and latency of every live scheme: issue 4's speed table.
+
+``skewer bench e2e`` runs the whole live pipeline once per scheme -- ``skewer produce``,
+``group``, ``work`` (its own Spark application) and ``aggregate`` as subprocesses, exactly as
+``skewer demo`` does (``pipeline.orchestrator.run_pipeline``) -- on the same stream (Zipf
+z = 1.2, W = 8 workers, S = 2 sources) and writes one table into
+``bench/results/end_to_end.md``.
+
+How throughput is measured, and why. The PKG paper's Storm experiment (PKG §V, pkg.md) gives
+each record 0.1-1 ms of work so that an overloaded worker costs throughput. Here the CPU-cost
+knob makes every worker wait ``C`` µs per record (``skewer work --cpu-cost-us``; a wait, not a
+CPU burn, so 8 workers on 2 cores behave like 8 machines), which caps a worker at ``10^6 / C``
+records per second. The producers and the grouping stage offer records as fast as they can --
+far more than the 8 workers can serve (the offered rate is recorded) -- so the workers are
+saturated and the run lasts as long as its most loaded worker needs: with ``key`` the worker
+that owns the hottest key (about 30 % of the records at z = 1.2), while the other seven idle
+once their share is done. Throughput = records / seconds from the first record of ``keys`` to
+the last record of ``results`` (first produce to last window final, Kafka timestamps), so an
+overloaded worker shows up as lost throughput, as it does in production. The lower bound of
+that time, ``max_w L_w * C``, is in the table for comparison; the rest is the pipeline's own
+overhead (Spark's micro-batches and Python workers' start-up, the last window's closing).
+
+Latency (p50/p99) is the workers' histogram: from the grouping stage's write to ``work`` to the
+worker's apply. Under a saturating load it is mostly queueing in ``work`` behind the hottest
+worker, so p99 is close to the time that worker needs to drain its backlog.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from bench.experiment import ExperimentResult
+
+LIVE_SCHEMES = ("key", "shuffle", "pkg", "d-choices", "w-choices", "fish", "consistent")
+WORKLOAD = "zipf:z=1.2,keys=100000,seed=0"
+RECORDS = 200_000
+WORKERS = 8
+SOURCES = 2
+#: 1 ms per record: the top of the PKG paper's 0.1-1 ms range (see the module docstring).
+CPU_COST_US = 1_000.0
+RUN_TIMEOUT = 900.0
+#: Why PKG cannot match shuffle here: a property of this stream and of the hashes (seeds 13/17),
+#: not of a run (checked by tests/integration/test_demo.py).
+PKG_ON_THIS_STREAM = (
+    "Why PKG stays 13 % above the average on this stream: its hottest key is 19.7 % of the "
+    "records, so PKG's two choices (workers 6 and 0) take 9.8 % each, and its second hottest "
+    "(8.5 %) hashes to worker 3 with both seeds, so it is key grouped there; the greedy choices "
+    "of the other keys settle the three workers at 14.1 % each (max/avg 1.13). Schemes that "
+    "give hot keys more than two choices (D-Choices, W-Choices: Nasir et al. 2016) or split "
+    "them across every worker (FISH) come closer to shuffle's 12.5 %."
+)
+
+
+def row(summary: Any) -> dict[str, Any]:
+    """The figures of one scheme's run (``summary`` is a RunSummary)."""
+    hottest = max(summary.per_worker)
+    return {
+        "scheme": summary.scheme,
+        "throughput": summary.throughput,
+        "seconds": summary.seconds,
+        "bound_seconds": hottest * summary.cpu_cost_us / 1e6,
+        "latency_p50_ms": summary.latency_p50_ms,
+        "latency_p99_ms": summary.latency_p99_ms,
+        "max_avg_ratio": summary.max_avg_ratio,
+        "hottest_share": hottest / summary.records_processed,
+        "replication": summary.replication,
+        "exact": summary.exact,
+        "records": summary.records_processed,
+        "offered_rate": summary.offered_rate,
+        "per_worker": summary.per_worker,
+    }
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    return f"{value / base:.2f}" if value and base else "-"
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "-" if value is None else format(value, pattern)
+
+
+def markdown(rows: Sequence[dict[str, Any]], records: int, cpu_cost_us: float) -> str:
+    """The results table, the offered load, and the targets' verdicts."""
+    by_scheme = {r["scheme"]: r for r in rows}
+    key = by_scheme.get("key", {}).get("throughput")
+    shuffle = by_scheme.get("shuffle", {}).get("throughput")
+    lines = [
+        f"{records:,} records of `{WORKLOAD}`, W = {WORKERS} workers, S = {SOURCES} sources, "
+        f"windows of 10 s, CPU-cost knob C = {cpu_cost_us:g} µs per record (each worker serves "
+        f"at most {1e6 / cpu_cost_us:,.0f} records/s; all {WORKERS}: "
+        f"{WORKERS * 1e6 / cpu_cost_us:,.0f} records/s). Every scheme in one run of the "
+        "command, one after the other, each with its own Spark application.",
+        "",
+        "Throughput = records / (last window final - first record produced); bound = the most "
+        "loaded worker's records x C, the least time the run can take; latency from the "
+        "grouping stage's write to the worker's apply.",
+        "",
+        "| scheme | throughput (records/s) | x key | x shuffle | seconds | bound (s) "
+        "| p50 (ms) | p99 (ms) | max/avg | hottest worker | replication | exact |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['scheme']} | {_fmt(r['throughput'], ',.0f')} | "
+            f"{_ratio(r['throughput'], key)} | {_ratio(r['throughput'], shuffle)} | "
+            f"{_fmt(r['seconds'], '.1f')} | {r['bound_seconds']:.1f} | "
+            f"{_fmt(r['latency_p50_ms'], ',.0f')} | {_fmt(r['latency_p99_ms'], ',.0f')} | "
+            f"{r['max_avg_ratio']:.3f} | {100 * r['hottest_share']:.1f} % | "
+            f"{_fmt(r['replication'], '.3f')} | {'yes' if r['exact'] else 'NO'} |"
+        )
+    offered = [r["offered_rate"] for r in rows if r["offered_rate"]]
+    if offered:
+        capacity = WORKERS * 1e6 / cpu_cost_us
+        lines += [
+            "",
+            "Offered load (records / seconds from the first record produced to the grouping "
+            "stage's last write to `work`): "
+            + ", ".join(f"{rate:,.0f}" for rate in offered)
+            + f" records/s (table order), at least {min(offered) / capacity:.1f}x what the "
+            f"{WORKERS} workers can serve together ({capacity:,.0f} records/s)"
+            + (
+                ": the workers are the bottleneck of every run."
+                if min(offered) >= capacity
+                else ": NOT saturating, so these runs do not measure the workers' capacity."
+            ),
+        ]
+    pkg = by_scheme.get("pkg")
+    if pkg and key and shuffle and pkg["throughput"]:
+        key_row, shuffle_row = by_scheme["key"], by_scheme["shuffle"]
+        vs_key, vs_shuffle = pkg["throughput"] / key, pkg["throughput"] / shuffle
+        lines += [
+            "",
+            "Targets (issue 4):",
+            "",
+            f"- pkg >= 1.6x key throughput: {vs_key:.2f}x -- "
+            + ("met." if vs_key >= 1.6 else "missed."),
+            f"- pkg >= 0.9x shuffle throughput: {vs_shuffle:.2f}x -- "
+            + ("met." if vs_shuffle >= 0.9 else "missed."),
+            f"- pkg's p99 latency well below key's: {_fmt(pkg['latency_p99_ms'], ',.0f')} ms "
+            f"vs {_fmt(key_row['latency_p99_ms'], ',.0f')} ms "
+            f"({_ratio(pkg['latency_p99_ms'], key_row['latency_p99_ms'])}x).",
+            "",
+            "What bounds the ratios: a saturated run lasts at least max_w L_w x C, so "
+            f"throughput ratios follow the hottest workers' shares: key "
+            f"{100 * key_row['hottest_share']:.1f} %, pkg {100 * pkg['hottest_share']:.1f} %, "
+            f"shuffle {100 * shuffle_row['hottest_share']:.1f} % of the records, i.e. at most "
+            f"{key_row['hottest_share'] / pkg['hottest_share']:.2f}x key and "
+            f"{shuffle_row['hottest_share'] / pkg['hottest_share']:.2f}x shuffle for pkg. "
+            "The fixed overhead of every run (seconds - bound: Spark's micro-batches, moving "
+            "every record from Kafka through the JVM into Python on 2 shared cores, closing "
+            "the last window) narrows both measured ratios towards 1.",
+        ]
+        bound_vs_shuffle = shuffle_row["hottest_share"] / pkg["hottest_share"]
+        if bound_vs_shuffle < 0.9 <= vs_shuffle:
+            lines[-1] += (
+                f" So pkg's {vs_shuffle:.2f}x of shuffle clears 0.9x only with the overhead's "
+                f"help: a longer run tends to the {bound_vs_shuffle:.2f}x its hottest worker "
+                "allows, below the target."
+            )
+        lines += ["", PKG_ON_THIS_STREAM]
+    return "\n".join(lines) + "\n"
+
+
+def run(
+    *,
+    records: int = RECORDS,
+    cpu_cost_us: float = CPU_COST_US,
+    schemes: Sequence[str] = LIVE_SCHEMES,
+    log: Callable[[str], None] = lambda _line: None,
+) -> ExperimentResult:
+    """One pipeline run per scheme (the services must answer), then the table."""
+    from pipeline import config, orchestrator
+
+    settings = config.load()
+    base = orchestrator.RunPlan(
+        scheme=schemes[0],
+        records=records,
+        workers=WORKERS,
+        sources=SOURCES,
+        workload=WORKLOAD,
+        cpu_cost_us=cpu_cost_us,
+    )
+    rows = []
+    load_average = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    for scheme in schemes:
+        plan = replace(base, scheme=scheme, run_id=f"bench-{orchestrator.new_run_id()[5:]}")
+        plan.validate()
+        began = time.monotonic()
+        summary = orchestrator.run_pipeline(plan, settings, timeout=RUN_TIMEOUT)
+        rows.append(row(summary))
+        log(
+            f"{scheme}: {summary.throughput or 0:,.0f} records/s, p99 "
+            f"{summary.latency_p99_ms} ms, max/avg {summary.max_avg_ratio:.3f}, "
+            f"exact {summary.exact} ({time.monotonic() - began:.0f} s)"
+        )
+    body = markdown(rows, records, cpu_cost_us)
+    body = f"Load average (1, 5, 15 min) when the run started: {load_average}.\n\n" + body
+    return ExperimentResult(
+        name="end_to_end",
+        title="End to end: throughput and latency of every live scheme (Zipf z = 1.2, W = 8)",
+        markdown=__doc__.split("\n\n", 1)[1].strip().replace("``", "`") + "\n\n" + body,
+        data={"records": records, "cpu_cost_us": cpu_cost_us, "rows": rows},
+    )
