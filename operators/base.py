@@ -177,6 +177,32 @@ class TableScheme(Scheme):
     def base_workers(self, keys: KeyBatch) -> np.ndarray:
         """The base hash's worker per key (the assignment with an empty table)."""
 
+    # The live controller (pipeline.controller) also needs the three members below; a scheme
+    # that only runs in the simulator may leave them out.
+
+    @property
+    def tolerance(self) -> float:
+        """The balance tolerance, in the units of :meth:`measured_imbalance`."""
+        raise NotImplementedError(f"{self.name} does not define a balance tolerance")
+
+    def base_workers_of_ids(self, key_ids: np.ndarray) -> np.ndarray:
+        """The base hash's worker per :meth:`KeyBatch.key_ids` fingerprint."""
+        raise NotImplementedError(f"{self.name} does not route by key fingerprints")
+
+    def workers_of_ids(self, key_ids: np.ndarray) -> np.ndarray:
+        """The current assignment (table, else base hash) per fingerprint."""
+        key_ids = np.asarray(key_ids, dtype=np.int64)
+        return self.table.apply(key_ids, self.base_workers_of_ids(key_ids))
+
+    def measured_imbalance(self, worker_loads: np.ndarray) -> float:
+        """The paper's balance measure of ``worker_loads``; balanced when <= :attr:`tolerance`."""
+        raise NotImplementedError(f"{self.name} does not define a balance measure")
+
+    def within_tolerance(self, worker_loads: np.ndarray) -> bool:
+        return self.measured_imbalance(np.asarray(worker_loads, dtype=np.float64)) <= (
+            self.tolerance
+        )
+
     @abc.abstractmethod
     def statistics(self, reset: bool = True) -> KeyStatistics:
         """What this source measured since the last call (or since the start)."""

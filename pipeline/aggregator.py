@@ -44,6 +44,7 @@ import numpy as np
 
 from operators.windows import closable_windows, merge_partials, state_entries, top_k
 from pipeline.records import END_OF_STREAM
+from pipeline.report import TimelineSampler
 from pipeline.state_store import StateStore, key_text
 
 #: Keys per ``results`` record: ~40 bytes each keeps a record well under Kafka's 1 MiB default.
@@ -181,16 +182,22 @@ class Aggregator:
         """Step until every window is final and published after END_OF_STREAM (``until_end``),
         or forever."""
         total = AggregateSummary()
-        while True:
-            summary = self.step()
-            total.finalized += summary.finalized
-            total.published += summary.published
-            if on_step is not None and (summary.finalized or summary.published):
-                on_step(summary)
-            if self.options.until_end and summary.finished:
-                total.finished = True
-                return total
-            time.sleep(poll_seconds)
+        # The run report's timeline: a sample about once a second and a last one on the way out.
+        timeline = TimelineSampler(self.store, self.options.workers)
+        try:
+            while True:
+                summary = self.step()
+                timeline.tick()
+                total.finalized += summary.finalized
+                total.published += summary.published
+                if on_step is not None and (summary.finalized or summary.published):
+                    on_step(summary)
+                if self.options.until_end and summary.finished:
+                    total.finished = True
+                    return total
+                time.sleep(poll_seconds)
+        finally:
+            timeline.close()
 
 
 class KafkaPublisher:

@@ -25,7 +25,9 @@ COMMAND_MODULES = (
     "pipeline.commands.group",
     "pipeline.commands.work",
     "pipeline.commands.aggregate",
+    "pipeline.commands.control",
     "pipeline.commands.demo",
+    "pipeline.commands.report",
 )
 
 

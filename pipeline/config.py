@@ -58,6 +58,20 @@ def _host_port(address: str, variable: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def redacted_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for messages and logs.
+
+    >>> redacted_url("redis://:s3cret@redis:6379/0"), redacted_url("redis://127.0.0.1:16379/0")
+    ('redis://:***@redis:6379/0', 'redis://127.0.0.1:16379/0')
+    """
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
+
+
 @dataclass(frozen=True)
 class Settings:
     """Addresses of the services and the folders skewer writes, resolved from the environment."""

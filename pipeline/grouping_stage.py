@@ -75,6 +75,7 @@ Example (validation is pure and vectorized):
 from __future__ import annotations
 
 import base64
+import collections
 import json
 import multiprocessing
 import os
@@ -90,11 +91,13 @@ import numpy as np
 from operators import registry
 from operators.base import Scheme, SchemeError, TableScheme
 from operators.keys import KeyBatch
-from pipeline import kafka_io, records
+from pipeline import control_plane, kafka_io, records
 from pipeline.records import END_OF_STREAM, MAX_KEY_BYTES, Kind
 
 if TYPE_CHECKING:
     import redis
+
+    from pipeline.metrics import GroupingMetrics
 
 #: Reasons a record is dead-lettered; ``Validation.reasons`` holds indices into this tuple.
 REASONS = ("no-key", "key-too-large", "undecodable-value", "wrong-kind")
@@ -250,6 +253,22 @@ class SourceWatermark:
         return SourceWatermark(dict(self.producers), self.forwarded)
 
 
+def offset_metadata(watermark: SourceWatermark, table_version: int) -> str:
+    """The committed offset's metadata: the watermark state and the routing-table version the
+    source routes under from that offset on (:mod:`pipeline.control_plane`)."""
+    state = json.loads(watermark.to_metadata())
+    if table_version:
+        state["v"] = int(table_version)
+    return json.dumps(state, separators=(",", ":"))
+
+
+def parse_offset_metadata(text: str | None) -> tuple[SourceWatermark, int]:
+    """Inverse of :func:`offset_metadata` (no metadata: a fresh source on version 0)."""
+    if not text:
+        return SourceWatermark(), 0
+    return SourceWatermark.from_metadata(text), int(json.loads(text).get("v", 0))
+
+
 # --- one source ------------------------------------------------------------------------------
 
 
@@ -272,6 +291,9 @@ class StageConfig:
     batch_size: int = DEFAULT_BATCH_SIZE
     poll_timeout: float = 0.2
     until_end: bool = False
+    #: Seconds between two looks at the control plane (routing-table schemes only).
+    control_poll: float = 0.1
+    report_keys: int = control_plane.DEFAULT_REPORT_KEYS
 
 
 @dataclass
@@ -306,6 +328,11 @@ class BatchOutput:
     dead_letters: list[tuple[bytes | None, bytes]] = field(default_factory=list)
     #: Values sent to every ``work`` partition after the records.
     markers: list[bytes] = field(default_factory=list)
+    #: TABLE_SWITCH values sent to every ``work`` partition before the records.
+    switch_markers: list[bytes] = field(default_factory=list)
+    #: Records routed to each worker, and dead letters per reason (:data:`REASONS` order).
+    routed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    dead_letter_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     watermark_rows: int = 0
 
 
@@ -330,8 +357,15 @@ def create_scheme(config: StageConfig, source: int) -> Scheme:
 class GroupingSource:
     """Source ``source`` of the stage: consume, validate, route, produce, commit; see module."""
 
-    def __init__(self, config: StageConfig, source: int, redis_client: redis.Redis) -> None:
+    def __init__(
+        self,
+        config: StageConfig,
+        source: int,
+        redis_client: redis.Redis,
+        metrics: GroupingMetrics | None = None,
+    ) -> None:
         self.config = config
+        self.metrics = metrics
         self.source = int(source)
         self.redis = redis_client
         self.names = config.names
@@ -344,6 +378,22 @@ class GroupingSource:
         self._consumer: Any = None
         self._producer: Any = None
         self._group_metadata: Any = None
+        # Routing-table schemes: the version of the last committed transaction (the scheme's
+        # table may be newer: then the next transaction starts with TABLE_SWITCH markers).
+        self.table_version = 0
+        self.control = (
+            control_plane.ControlPlane(redis_client, config.names.run_id)
+            if isinstance(self.scheme, TableScheme)
+            else None
+        )
+        self._next_offset = 0
+        self._control_checked = 0.0
+        self._reported_round = 0
+        self._known_names: dict[int, bytes] = {}
+        self._table_names: dict[int, bytes] = {}
+        # The latest batches, RECENT_RECORDS records or a little more, to name reported keys.
+        self._recent: collections.deque[KeyBatch] = collections.deque()
+        self._recent_records = 0
 
     # -- lifecycle
 
@@ -367,8 +417,13 @@ class GroupingSource:
         committed = self._consumer.committed(
             [TopicPartition(names.keys_topic, self.source)], timeout=60
         )[0]
-        self.watermark = SourceWatermark.from_metadata(committed.metadata)
+        self.watermark, self.table_version = parse_offset_metadata(committed.metadata)
         start = committed.offset if committed.offset >= 0 else OFFSET_BEGINNING
+        self._next_offset = max(committed.offset, 0)
+        if self.control is not None:
+            self._install(self.table_version)
+            self._reported_round = self.control.current().round
+            self.poll_control(force=True)
         self._consumer.assign([TopicPartition(names.keys_topic, self.source, start)])
         # A manually assigned consumer's group metadata never changes (and costs a call).
         self._group_metadata = self._consumer.consumer_group_metadata()
@@ -393,13 +448,72 @@ class GroupingSource:
                     num_messages=self.config.batch_size, timeout=self.config.poll_timeout
                 )
                 messages = [m for m in messages if m.error() is None]
+                if self.control is not None:
+                    self.poll_control()
                 if messages:
                     self.process(messages)
+                elif self._switch_pending:
+                    self.process([])
         finally:
             self.summary.seconds = time.perf_counter() - began
             self.summary.ended = self.watermark.ended
             self.close()
         return self.summary
+
+    # -- routing-table control (pipeline.control_plane)
+
+    @property
+    def _switch_pending(self) -> bool:
+        return self.control is not None and self.scheme.table.version > self.table_version
+
+    def _install(self, version: int) -> None:
+        """Route by published table ``version`` from the next batch on."""
+        published = self.control.table(version)
+        self.scheme.install(published.table)
+        self._table_names = dict(
+            zip(published.table.key_ids.tolist(), published.names, strict=True)
+        )
+        self._known_names = {**self._known_names, **self._table_names}
+
+    def poll_control(self, *, force: bool = False) -> None:
+        """Adopt a newly published table; report statistics when the controller opened a new
+        round. At most every ``control_poll`` seconds (one HMGET)."""
+        now = time.monotonic()
+        if not force and now - self._control_checked < self.config.control_poll:
+            return
+        self._control_checked = now
+        current = self.control.current()
+        if current.version > self.scheme.table.version:
+            self._install(current.version)
+        if current.round > self._reported_round:
+            self._report(current.round)
+
+    def _remember(self, batch: KeyBatch) -> None:
+        recent = self._recent
+        recent.append(batch)
+        self._recent_records += len(batch)
+        while self._recent_records - len(recent[0]) >= control_plane.RECENT_RECORDS:
+            self._recent_records -= len(recent.popleft())
+
+    def _report(self, round_: int) -> None:
+        scheme: TableScheme = self.scheme  # type: ignore[assignment]
+        report = control_plane.compact_report(
+            scheme.statistics(reset=True),
+            list(self._recent),
+            self._known_names,
+            source=self.source,
+            round_=round_,
+            table_version=scheme.table.version,
+            max_keys=self.config.report_keys,
+        )
+        self.control.report(report)
+        self._reported_round = round_
+        # Next time, name the keys of the current table and of this report without a search
+        # (and forget older ones: the map stays as small as one report plus one table).
+        self._known_names = {
+            **dict(zip(report.key_ids.tolist(), report.names, strict=True)),
+            **self._table_names,
+        }
 
     # -- one batch
 
@@ -424,6 +538,8 @@ class GroupingSource:
         batch = KeyBatch(key_bytes, key_offsets)
         partitions = np.asarray(self.scheme.route(batch), dtype=np.int32)
         version = self.scheme.table.version if isinstance(self.scheme, TableScheme) else 0
+        if self.control is not None and len(batch):
+            self._remember(batch)
         out_values = work_values(data_values, self.source, version)  # type: ignore[arg-type]
         output = BatchOutput(
             data_keys,
@@ -433,6 +549,14 @@ class GroupingSource:
             data_rows=data,
             watermark_rows=int(checked.watermarks.shape[0]),
         )
+        output.routed = np.bincount(partitions, minlength=self.config.n_workers)
+        output.dead_letter_counts = np.bincount(
+            checked.reasons[checked.reasons >= 0], minlength=len(REASONS)
+        )
+        if version > self.table_version:
+            output.switch_markers.append(
+                records.encode_marker(Kind.TABLE_SWITCH, self.source, table_version=version)
+            )
         rows = checked.records
         watermark.observe(
             rows["producer"][data],
@@ -463,21 +587,26 @@ class GroupingSource:
         """Route one batch and commit it (records, dead letters, markers, offset) atomically."""
         from confluent_kafka import KafkaException, TopicPartition
 
+        began = time.perf_counter()
         watermark = self.watermark.copy()
         output = self.route_batch(messages, watermark)
-        first, last = messages[0].offset(), messages[-1].offset()
+        # No messages: an idle source's transaction of TABLE_SWITCH markers alone.
+        first = messages[0].offset() if messages else -1
+        last = messages[-1].offset() if messages else self._next_offset - 1
+        version = self.scheme.table.version if self.control is not None else 0
         producer = self._producer
         try:
             producer.begin_transaction()
             self._send(output)
-            self._count(output, messages, first, last)
+            if messages:
+                self._count(output, messages, first, last)
             producer.send_offsets_to_transaction(
                 [
                     TopicPartition(
                         self.names.keys_topic,
                         self.source,
                         last + 1,
-                        metadata=watermark.to_metadata(),
+                        metadata=offset_metadata(watermark, version),
                     )
                 ],
                 self._group_metadata,
@@ -500,15 +629,41 @@ class GroupingSource:
                     f"source {self.source}: batch at offset {first} failed "
                     f"{self._failures} times: {error.str()}"
                 ) from None
-            self._consumer.seek(TopicPartition(self.names.keys_topic, self.source, first))
+            if messages:
+                self._consumer.seek(TopicPartition(self.names.keys_topic, self.source, first))
             return
         self._failures = 0
         self.watermark = watermark
-        self.summary.batches += 1
+        self.table_version = version
+        self._next_offset = last + 1
+        self._committed(output, len(messages), time.perf_counter() - began)
+
+    def _committed(self, output: BatchOutput, records: int, seconds: float) -> None:
+        """Count a committed batch in this process's summary and metrics (an aborted attempt
+        counts nothing: the batch is read again and counted when it commits)."""
+        summary = self.summary
+        summary.records += records
+        summary.data += int(output.data_rows.shape[0])
+        summary.watermarks += output.watermark_rows
+        routed = output.routed.tolist()
+        dead = dict(zip(REASONS, output.dead_letter_counts.tolist(), strict=True))
+        summary.routed = [
+            total + count for total, count in zip(summary.routed, routed, strict=True)
+        ]
+        for reason, count in dead.items():
+            summary.dead_letters[reason] += count
+        summary.batches += 1
+        if self.metrics is not None:
+            if records:
+                self.metrics.batch(records, routed, dead, seconds)
+            self.metrics.table_of(self.scheme)
 
     def _send(self, output: BatchOutput) -> None:
         produce = self._producer.produce
         work = self.names.work_topic
+        for marker in output.switch_markers:
+            for worker in range(self.config.n_workers):
+                self._produce_blocking(work, marker, None, worker)
         for key, value, worker in zip(output.keys, output.values, output.partitions, strict=True):
             try:
                 produce(work, value, key, worker)
@@ -555,18 +710,7 @@ class GroupingSource:
         else:  # a batch replayed after a crash
             offsets = np.fromiter((m.offset() for m in messages), dtype=np.int64, count=n)
             fresh = offsets > self._counted_offset
-        summary = self.summary
-        summary.records += n
-        summary.data += int(output.data_rows.shape[0])
-        summary.watermarks += output.watermark_rows
-        routed = np.bincount(
-            np.asarray(output.partitions, dtype=np.int64), minlength=self.config.n_workers
-        )
-        bad_counts = np.bincount(output.reasons[output.reasons >= 0], minlength=len(REASONS))
-        for w in range(self.config.n_workers):
-            summary.routed[w] += int(routed[w])
-        for reason, count in zip(REASONS, bad_counts.tolist(), strict=True):
-            summary.dead_letters[reason] += count
+        routed, bad_counts = output.routed, output.dead_letter_counts
         if not fresh.any():
             return
         if not fresh.all():
@@ -618,9 +762,13 @@ def run_source(
     config: StageConfig, source: int, should_stop: Callable[[], bool] = lambda: False
 ) -> SourceSummary:
     """Run source ``source`` in this process until stopped (or END_OF_STREAM, ``until_end``)."""
+    from pipeline.metrics import GroupingMetrics, RunLabels
+
     client = kafka_io.connect_redis(config.redis_url)
     try:
-        return GroupingSource(config, source, client).run(should_stop)
+        labels = RunLabels(config.names.run_id, config.scheme)
+        metrics = GroupingMetrics(labels, source, config.n_workers, reasons=REASONS)
+        return GroupingSource(config, source, client, metrics).run(should_stop)
     finally:
         client.close()
 

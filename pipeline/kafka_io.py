@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pipeline import records, services
+from pipeline.config import redacted_url
 
 if TYPE_CHECKING:
     import redis
@@ -162,10 +163,15 @@ def connect_redis(url: str, timeout: float = 5.0) -> redis.Redis:
     client = redis_module.Redis.from_url(url, socket_timeout=30.0, socket_connect_timeout=timeout)
     try:
         client.ping()
+    except redis_module.AuthenticationError as error:
+        client.close()
+        raise ServiceUnavailableError(
+            f"redis at {redacted_url(url)} refused the credentials: {error}"
+        ) from None
     except redis_module.RedisError:
         client.close()
         raise ServiceUnavailableError(
-            f"redis does not answer at {url} (start it: skewer services up)"
+            f"redis does not answer at {redacted_url(url)} (start it: skewer services up)"
         ) from None
     return client
 

@@ -83,8 +83,9 @@ if TYPE_CHECKING:
     from pipeline.verify import RunVerification
     from pipeline.worker_job import WorkOptions
 
-#: Start order: the workers first (the slowest to start), the producer last.
-STAGES = ("work", "aggregate", "group", "produce")
+#: Start order: the workers first (the slowest to start), the producer last. ``control`` runs
+#: for routing-table schemes only (:attr:`RunPlan.stages`).
+STAGES = ("work", "aggregate", "control", "group", "produce")
 #: Seconds Spark gets to start and commit its first micro-batch.
 WORK_READY_SECONDS = 180.0
 #: Seconds a stage gets to exit after SIGTERM before SIGKILL (Spark stops its query first).
@@ -143,6 +144,19 @@ class RunPlan:
     topic_prefix: str | None = None
     checkpoint: Path | None = None
     max_records_per_batch: int | None = None
+    #: Seconds between the controller's statistics rounds (routing-table schemes).
+    control_interval: float = 2.0
+    #: The scheme's parameters as ``NAME=VALUE`` (``--param``), for the grouping stage and the
+    #: controller alike.
+    params: tuple[str, ...] = ()
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The stages this run starts: ``control`` only for a routing-table scheme."""
+        from pipeline.controller import table_schemes
+
+        table = self.scheme in table_schemes()
+        return tuple(s for s in STAGES if s != "control" or table)
 
     @property
     def names(self) -> kafka_io.RunNames:
@@ -175,6 +189,8 @@ class RunPlan:
         ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if not self.control_interval > 0:
+            raise ValueError(f"--control-interval must be > 0, got {self.control_interval}")
         if self.cpu_cost_us < 0:
             raise ValueError(f"--cpu-cost-us must be >= 0, got {self.cpu_cost_us}")
         if self.rate is not None and not self.rate > 0:
@@ -196,6 +212,7 @@ class RunPlan:
 
     def stage_config(self, settings: config.Settings) -> Any:
         from pipeline import grouping_stage
+        from pipeline.commands.route import parse_params
 
         return grouping_stage.StageConfig(
             bootstrap=settings.kafka_bootstrap,
@@ -204,6 +221,7 @@ class RunPlan:
             scheme=self.scheme,
             n_workers=self.workers,
             n_sources=self.sources,
+            params=parse_params(list(self.params)),
         )
 
     def argv(self, stage: str, settings: config.Settings | None = None) -> list[str]:
@@ -212,6 +230,8 @@ class RunPlan:
         run = ["--run-id", self.run_id, "--topic-prefix", names.topic_prefix]
         workers = ["--workers", str(self.workers)]
         window = ["--window-ms", str(self.window_ms)]
+        if stage in ("produce", "work", "aggregate"):
+            run += ["--scheme", self.scheme]  # only a label of their metrics (pipeline/metrics)
         if stage == "produce":
             out = ["produce", "--workload", self.workload, "--records", str(self.records)]
             out += ["--sources", str(self.sources), *window]
@@ -219,15 +239,20 @@ class RunPlan:
             if self.rate is not None:
                 out += ["--rate", _number(self.rate)]
             return [*out, *run, "--json"]
+        params = [word for item in self.params for word in ("--param", item)]
         if stage == "group":
             out = ["group", "--scheme", self.scheme, *workers, "--sources", str(self.sources)]
-            return [*out, *run, "--until-end", "--json"]
+            return [*out, *params, *run, "--until-end", "--json"]
         if stage == "work":
             checkpoint = self.checkpoint_dir(settings or config.load())
             out = ["work", *workers, "--sources", str(self.sources), *window]
             out += ["--cpu-cost-us", _number(self.cpu_cost_us), "--checkpoint", str(checkpoint)]
             if self.max_records_per_batch is not None:
                 out += ["--max-records-per-batch", str(self.max_records_per_batch)]
+            return [*out, *run, "--until-end", "--json"]
+        if stage == "control":
+            out = ["control", "--scheme", self.scheme, *workers, "--sources", str(self.sources)]
+            out += ["--interval", _number(self.control_interval), *params]
             return [*out, *run, "--until-end", "--json"]
         if stage == "aggregate":
             out = ["aggregate", *workers, *window, "--lateness-ms", str(self.lateness_ms)]
@@ -500,8 +525,10 @@ class Pipeline:
         self.stages[stage] = StageProcess(stage, argv, process, stdout_path, stderr_path, starts)
         return self.stages[stage]
 
-    def start_all(self, stages: Sequence[str] = STAGES, *, ready_timeout: float = 0) -> None:
-        """Start ``stages`` in :data:`STAGES` order; the others after ``work`` is ready."""
+    def start_all(self, stages: Sequence[str] | None = None, *, ready_timeout: float = 0) -> None:
+        """Start ``stages`` (default: the plan's) in :data:`STAGES` order; the others after
+        ``work`` is ready."""
+        stages = self.plan.stages if stages is None else stages
         for stage in (s for s in STAGES if s in stages):
             self.start(stage)
             if stage == "work":
@@ -668,6 +695,7 @@ class Pipeline:
 
     def summary(self, verification: RunVerification | None = None) -> RunSummary:
         """The run's figures (call after the stages finished)."""
+        from pipeline.control_plane import ControlPlane
         from pipeline.state_store import latency_quantile
         from pipeline.verify import verify_run
 
@@ -721,6 +749,7 @@ class Pipeline:
             stages={name: p.output() for name, p in self.stages.items()},
             restarts={name: p.starts - 1 for name, p in self.stages.items() if p.starts > 1},
             wall_seconds=time.monotonic() - self.started_at,
+            migrations=ControlPlane(store.client, plan.run_id).rebalances(),
         )
 
     def cleanup(self, *, logs: bool = True) -> None:
@@ -834,6 +863,8 @@ class RunSummary:
     stages: dict[str, dict[str, Any] | None]
     restarts: dict[str, int]
     wall_seconds: float
+    #: Completed migrations of a routing-table scheme (``ctl:rebalances``), oldest first.
+    migrations: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def exact(self) -> bool:
@@ -877,6 +908,7 @@ class RunSummary:
             "verification": self.verification.as_dict(),
             "restarts": self.restarts,
             "wall_seconds": round(self.wall_seconds, 3),
+            "migrations": self.migrations,
         }
 
     def lines(self) -> list[str]:
@@ -907,6 +939,17 @@ class RunSummary:
             f"balance: imbalance max-avg {self.imbalance_final:,.1f} records, "
             f"max/avg {self.max_avg_ratio:.3f}; replication {replication}",
         ]
+        if self.migrations:
+            moved = sum(m.get("keys_moved", 0) for m in self.migrations)
+            entries = sum(m.get("state_entries_moved", 0) for m in self.migrations)
+            held = sum(m.get("held_records", 0) for m in self.migrations)
+            hold = max(m.get("longest_hold_s", 0.0) for m in self.migrations)
+            longest = max(m.get("duration_s", 0.0) for m in self.migrations)
+            out.append(
+                f"migrations: {len(self.migrations)}; {moved:,} key(s) and {entries:,} state "
+                f"entries moved, {held:,} record(s) held back for at most {hold:.2f} s; "
+                f"longest migration {longest:.2f} s"
+            )
         return out
 
 

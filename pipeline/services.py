@@ -178,6 +178,11 @@ class NativeService(ABC):
     def healthy(self, timeout: float = 2.0) -> bool:
         """True when the service answers its health check."""
 
+    def reconfigure(self, record: PidRecord) -> bool:
+        """Bring a running process of ours up to date with its configuration; True if it
+        had to reload. Most services need nothing."""
+        return False
+
     def _require_binary(self, binary: str) -> None:
         if shutil.which(binary) is None:
             raise ServiceError(
@@ -333,16 +338,67 @@ class PrometheusService(NativeService):
     def listen_address(self) -> str:
         return f"{self.settings.prometheus_host}:{self.settings.prometheus_port}"
 
+    @property
+    def rules_path(self) -> Path:
+        """The recording rules, copied next to the configuration (which names them)."""
+        return self.data_dir / "rules.yml"
+
+    @property
+    def targets_dir(self) -> Path:
+        return prometheus_targets_dir(self.settings)
+
     def prometheus_config(self) -> str:
-        """deploy/prometheus/prometheus-native.yml with this machine's address."""
+        """deploy/prometheus/prometheus-native.yml with this machine's address and the folder
+        of the stages' target files."""
         template = Template(
             (config.DEPLOY_DIR / "prometheus" / "prometheus-native.yml").read_text()
         )
-        return template.substitute(prometheus_address=self.listen_address)
+        return template.substitute(
+            prometheus_address=self.listen_address, targets_dir=self.targets_dir
+        )
+
+    def rules(self) -> str:
+        """deploy/prometheus/rules.yml, shared with the compose Prometheus."""
+        return (config.DEPLOY_DIR / "prometheus" / "rules.yml").read_text()
+
+    def write_config(self) -> bool:
+        """Write the rules and the configuration where they differ; True if one changed."""
+        changed = False
+        # Rules first: the configuration names them, and a reload reads both.
+        wanted = ((self.rules_path, self.rules()), (self.config_path, self.prometheus_config()))
+        for path, text in wanted:
+            if not path.exists() or path.read_text() != text:
+                temporary = path.with_name(f".{path.name}.tmp")
+                temporary.write_text(text)
+                temporary.replace(path)
+                changed = True
+        return changed
 
     def prepare(self) -> None:
         super().prepare()
-        self.config_path.write_text(self.prometheus_config())
+        self.targets_dir.mkdir(parents=True, exist_ok=True)
+        self.write_config()
+
+    def reconfigure(self, record: PidRecord) -> bool:
+        """A running Prometheus of ours whose configuration or rules are stale (an older
+        checkout started it) or whose last reload failed: write them and reload (SIGHUP);
+        ServiceError if Prometheus rejects them."""
+        self.targets_dir.mkdir(parents=True, exist_ok=True)
+        before, successful = _prometheus_reload_state(self.settings.prometheus_url)
+        if not self.write_config() and successful is not False:
+            return False
+        os.kill(record.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 15.0
+        while time.monotonic() < deadline:
+            stamp, successful = _prometheus_reload_state(self.settings.prometheus_url)
+            if stamp is not None and (before is None or stamp > before) and successful:
+                return True
+            if stamp is not None and successful is False:
+                break
+            time.sleep(0.2)
+        raise ServiceError(
+            f"prometheus did not load the new configuration {self.config_path}; see {self.log_path}"
+        )
 
     def command(self) -> list[str]:
         return [
@@ -450,6 +506,33 @@ def redis_answers(url: str, timeout: float = 2.0) -> bool:
         return False
     finally:
         client.close()
+
+
+def prometheus_targets_dir(settings: Settings) -> Path:
+    """Where each stage's exporter writes its file_sd target file (pipeline/metrics.py) and
+    the native Prometheus looks for them."""
+    return settings.run_dir / "prometheus" / "targets"
+
+
+def _prometheus_reload_state(url: str) -> tuple[float | None, bool | None]:
+    """When Prometheus last loaded its configuration successfully, and whether the last
+    attempt succeeded (None, None when it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5.0) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, OSError):
+        return None, None
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in (
+            "prometheus_config_last_reload_success_timestamp_seconds",
+            "prometheus_config_last_reload_successful",
+        ):
+            values[name] = float(value)
+    stamp = values.get("prometheus_config_last_reload_success_timestamp_seconds")
+    successful = values.get("prometheus_config_last_reload_successful")
+    return stamp, None if successful is None else successful == 1.0
 
 
 def prometheus_answers(url: str, timeout: float = 2.0) -> bool:
@@ -666,6 +749,9 @@ def _up_locked(services: list[NativeService]) -> list[ServiceState]:
         for service in services:
             current = _state(service)
             if current.state in ("running", "external"):
+                record = _own_process(service) if current.state == "running" else None
+                if record is not None:
+                    service.reconfigure(record)  # ours: pick up a changed configuration
                 results[service.name] = current
                 continue
             record = _own_process(service) if current.state == "starting" else None

@@ -129,6 +129,18 @@ class RunKeys:
     def config(self) -> str:
         return f"{self.prefix}config"
 
+    def held(self, worker: int, window: int) -> str:
+        """Hash key -> count of records of a migrating key held back at its new worker."""
+        return f"{self.prefix}held:{worker}:{window}"
+
+    def table_versions(self, worker: int) -> str:
+        """Hash source -> the routing-table version of that source's last TABLE_SWITCH here."""
+        return f"{self.prefix}wv:{worker}"
+
+    def ctl(self, name: str) -> str:
+        """Control-plane keys (:mod:`pipeline.control_plane` documents them)."""
+        return f"{self.prefix}ctl:{name}"
+
     def stats(self, name: str) -> str:
         """``stats:records``, ``stats:late``, ``stats:rejected``, ``stats:batches`` (hashes
         worker -> count) and ``stats:windows`` (aggregator totals)."""
@@ -181,6 +193,8 @@ class WorkerBatch:
     rejected: int = 0
     #: Latency histogram of the batch's DATA records (bucket -> records).
     latency: Mapping[int, int] = field(default_factory=dict)
+    #: Highest routing-table version each source switched to in this batch (TABLE_SWITCH).
+    source_versions: Mapping[int, int] = field(default_factory=dict)
 
     def script_args(self, prefix: str, n_sources: int) -> list[bytes | str | int]:
         """ARGV of the apply script (layout in :data:`APPLY_SCRIPT`)."""
@@ -196,12 +210,21 @@ class WorkerBatch:
         args += (self.records, self.rejected, len(self.latency))
         for bucket in sorted(self.latency):
             args += (bucket, self.latency[bucket])
+        args.append(len(self.source_versions))
+        for source in sorted(self.source_versions):
+            args += (source, int(self.source_versions[source]))
         return args
 
 
 #: ARGV: prefix, worker, batch id, S, n_pairs, (window, key, count) * n_pairs, n_marks,
-#: (source, watermark) * n_marks, records, rejected, n_buckets, (bucket, count) * n_buckets.
+#: (source, watermark) * n_marks, records, rejected, n_buckets, (bucket, count) * n_buckets,
+#: n_switches, (source, table version) * n_switches.
 #: Returns 1 when applied, 0 when the batch was applied before.
+#:
+#: A (window, key) whose key is in ``ctl:pending:{worker}`` (it migrates here and its state has
+#: not arrived yet; :mod:`pipeline.control_plane`) is held back: counted in
+#: ``held:{worker}:{window}`` instead of the state, until the migration moves the state here
+#: and releases it.
 APPLY_SCRIPT = """
 local prefix, worker, batch = ARGV[1], ARGV[2], ARGV[3]
 local applied_key = prefix .. 'applied:' .. worker
@@ -211,8 +234,10 @@ local n_sources = tonumber(ARGV[4])
 local closed_set = prefix .. 'windows:closed'
 local i = 5
 local n_pairs = tonumber(ARGV[i]); i = i + 1
-local late = 0
+local late, held = 0, 0
 local closed = {}
+local pending_key = prefix .. 'ctl:pending:' .. worker
+local migrating = redis.call('SCARD', pending_key) > 0
 for _ = 1, n_pairs do
   local window, key, count = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   i = i + 3
@@ -222,6 +247,9 @@ for _ = 1, n_pairs do
   end
   if closed[window] then
     late = late + tonumber(count)
+  elseif migrating and redis.call('SISMEMBER', pending_key, key) == 1 then
+    redis.call('HINCRBY', prefix .. 'held:' .. worker .. ':' .. window, key, count)
+    held = held + tonumber(count)
   else
     redis.call('HINCRBY', prefix .. 'state:' .. worker .. ':' .. window, key, count)
   end
@@ -255,6 +283,27 @@ for _ = 1, n_buckets do
   redis.call('HINCRBY', prefix .. 'stats:latency:' .. worker, ARGV[i], ARGV[i + 1])
   i = i + 2
 end
+local n_switches = tonumber(ARGV[i]); i = i + 1
+local versions_key = prefix .. 'wv:' .. worker
+for _ = 1, n_switches do
+  local source, version = ARGV[i], ARGV[i + 1]
+  i = i + 2
+  local old = redis.call('HGET', versions_key, source)
+  if (not old) or tonumber(old) < tonumber(version) then
+    redis.call('HSET', versions_key, source, version)
+  end
+end
+if held > 0 then
+  redis.call('HINCRBY', prefix .. 'stats:held', worker, held)
+  local migration = redis.call('HGET', prefix .. 'ctl:current', 'migrating')
+  if migration and migration ~= '' then
+    local record = prefix .. 'ctl:migration:' .. migration
+    redis.call('HINCRBY', record, 'held_records', held)
+    -- When the first record was held: a record waits at most until the migration completes.
+    local now = redis.call('TIME')
+    redis.call('HSETNX', record, 'first_held_ms', now[1] * 1000 + math.floor(now[2] / 1000))
+  end
+end
 redis.call('HINCRBY', prefix .. 'stats:batches', worker, 1)
 redis.call('SET', applied_key, batch)
 return 1
@@ -278,6 +327,7 @@ end
 redis.call('SET', prefix .. 'topk:' .. window, ARGV[4])
 for worker = 0, tonumber(ARGV[3]) - 1 do
   redis.call('DEL', prefix .. 'state:' .. worker .. ':' .. window)
+  redis.call('DEL', prefix .. 'held:' .. worker .. ':' .. window)
 end
 redis.call('SADD', prefix .. 'windows:final', window)
 redis.call('SREM', prefix .. 'windows:open', window)
@@ -370,12 +420,25 @@ class StateStore:
 
     def close_window(self, window: int, n_workers: int) -> list[dict[bytes, int]]:
         """Freeze a window (later records of it count as late) and read every worker's partial
-        counts, in one MULTI."""
+        counts, in one MULTI.
+
+        A worker's partial includes what it holds back for keys migrating to it (``held``):
+        those records are counted, only not yet merged with the state that is on its way; a
+        migration never moves the state of a closed window, so the two are merged here.
+        """
         pipe = self.client.pipeline(transaction=True)
         pipe.sadd(self.keys.windows_closed, window)
         for worker in range(n_workers):
             pipe.hgetall(self.keys.state(worker, window))
-        return [_int_map(raw) for raw in pipe.execute()[1:]]
+            pipe.hgetall(self.keys.held(worker, window))
+        replies = pipe.execute()[1:]
+        partials = []
+        for state, held in zip(replies[0::2], replies[1::2], strict=True):
+            partial = _int_map(state)
+            for key, count in _int_map(held).items():
+                partial[key] = partial.get(key, 0) + count
+            partials.append(partial)
+        return partials
 
     def finalize_window(
         self,
@@ -431,8 +494,12 @@ class StateStore:
         return sorted(_window_suffix(key, prefix) for key in found)
 
     def state_keys(self) -> list[bytes]:
-        """Every partial-state key still in Redis (empty once all windows are final)."""
-        return sorted(self.client.scan_iter(match=f"{self.keys.prefix}state:*", count=1000))
+        """Every partial-state or held-back key still in Redis (empty once all windows are
+        final)."""
+        found = []
+        for kind in ("state", "held"):
+            found += self.client.scan_iter(match=f"{self.keys.prefix}{kind}:*", count=1000)
+        return sorted(found)
 
     def per_worker(self, name: str, n_workers: int) -> np.ndarray:
         """A ``stats:{name}`` hash as an int64 array indexed by worker (0 where absent)."""

@@ -99,6 +99,8 @@ class DecodedPartition:
     data: np.ndarray  # bool: valid DATA records with a key
     markers: np.ndarray  # bool: valid WATERMARK markers
     rejected: int  # values that did not decode, and DATA without a key
+    #: bool: valid TABLE_SWITCH markers (routing-table schemes; :mod:`pipeline.control_plane`)
+    switches: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     @property
     def data_records(self) -> int:
@@ -115,8 +117,9 @@ def decode_partition(
     is_data = ok & (kind == records.Kind.DATA)
     data = is_data & has_key
     markers = ok & (kind == records.Kind.WATERMARK)
+    switches = ok & (kind == records.Kind.TABLE_SWITCH)
     rejected = int((~ok).sum() + (is_data & ~has_key).sum())
-    return DecodedPartition(decoded, data, markers, rejected)
+    return DecodedPartition(decoded, data, markers, rejected, switches)
 
 
 def to_worker_batch(
@@ -144,6 +147,13 @@ def to_worker_batch(
         )
     marks = event_times[decoded.markers]
     source_watermarks = {int(s): int(marks[sources == s].max()) for s in np.unique(sources)}
+    source_versions: dict[int, int] = {}
+    if decoded.switches.any():
+        switched = decoded.records[decoded.switches]
+        for source, version in zip(
+            switched["source"].tolist(), switched["table_version"].tolist(), strict=True
+        ):
+            source_versions[int(source)] = max(source_versions.get(int(source), 0), int(version))
 
     latency_ms = now_ms - np.asarray(timestamps_ms, dtype=np.float64)[data]
     buckets, bucket_counts = np.unique(latency_buckets(latency_ms), return_counts=True)
@@ -157,6 +167,7 @@ def to_worker_batch(
         records=int(data.sum()),
         rejected=decoded.rejected,
         latency=dict(zip(buckets.tolist(), bucket_counts.tolist(), strict=True)),
+        source_versions=source_versions,
     )
 
 

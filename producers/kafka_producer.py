@@ -175,11 +175,16 @@ def produce_stream(
     rate: float | None = None,
     start_ms: int | None = None,
     progress: Callable[[int], None] | None = None,
+    on_acked: Callable[[int], None] | None = None,
 ) -> ProduceResult:
     """Send ``keys`` to ``keys``-topic partitions 0..S-1 and record the truth; see the module.
 
     Returns when every record is acknowledged; raises ``RuntimeError`` naming the first
-    delivery failure if any record was not.
+    delivery failure if any record was not. ``on_acked(k)`` after each chunk (and at the end):
+    at least the first ``k`` DATA records are acknowledged -- the records sent minus those
+    still in the producer's queue (``len(producer)``, watermarks included, so a lower bound;
+    exactly ``n`` once all are acknowledged). Per chunk, not per record: delivery reports
+    come for failures only.
     """
     from confluent_kafka import Producer
 
@@ -254,6 +259,8 @@ def produce_stream(
         producer.poll(0)
         if progress is not None:
             progress(last)
+        if on_acked is not None:
+            on_acked(max(0, last - len(producer)))
     sent = [len(range(p, n, sources)) for p in range(sources)]
     for p in range(sources):
         watermark(p, int(END_OF_STREAM), sent[p])
@@ -263,6 +270,8 @@ def produce_stream(
         failures.append(f"{remaining} record(s) not acknowledged within 60 s")
     if failures:
         raise RuntimeError(f"kafka delivery failed: {failures[0]} ({len(failures)} failure(s))")
+    if on_acked is not None:
+        on_acked(n)
     pipe = redis_client.pipeline(transaction=False)
     for p, count in enumerate(sent):
         pipe.incrby(names.redis_key("producer", p, "sent"), count)

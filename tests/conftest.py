@@ -37,8 +37,10 @@ KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"
 REDIS_IMAGE = "redis:7.0.15"
 PROMETHEUS_IMAGE = "prom/prometheus:v2.53.0"
 
-#: The Redis database tests use, so they never touch the pipeline's data in database 0.
-TEST_REDIS_DB = 1
+#: Redis databases test sessions may claim, one each, so they never touch the pipeline's data
+#: in database 0 nor each other's keys.
+TEST_REDIS_DBS = range(1, 16)
+TEST_DB_CLAIM = "skewer-tests:claim:db{}"
 
 
 def _docker_engine_answers(timeout: float = 2.0) -> tuple[bool, str]:
@@ -180,25 +182,74 @@ def kafka(service_backend: NativeBackend | DockerBackend) -> str:
 
 @pytest.fixture(scope="session")
 def redis(service_backend: NativeBackend | DockerBackend) -> Iterator[redis_module.Redis]:
-    """A client of database 1 of a running Redis, flushed once at the start of the session.
+    """A client of a Redis database of this test session's own, empty at the start.
 
-    Tests share it; each keeps its keys apart with :func:`redis_prefix`.
+    Tests share it; each keeps its keys apart with :func:`redis_prefix`. Test sessions that
+    run at the same moment (developers, helpers, CI) each claim a different database
+    (:func:`claim_test_database`), so one session's flush never deletes another's keys.
     """
     import redis as redis_module
 
     # Not from_url(url, db=...): the database in the URL's path would win over the keyword.
     address = urlsplit(service_backend.redis_url())
-    client = redis_module.Redis(
-        host=address.hostname or "127.0.0.1",
-        port=address.port or 6379,
-        password=address.password,
-        db=TEST_REDIS_DB,
-    )
+    connection = {
+        "host": address.hostname or "127.0.0.1",
+        "port": address.port or 6379,
+        "password": address.password,
+    }
+    claims = redis_module.Redis(**connection, db=0)
+    database = claim_test_database(claims)
+    client = redis_module.Redis(**connection, db=database)
     client.flushdb()
     try:
         yield client
     finally:
+        client.flushdb()
         client.close()
+        claims.delete(TEST_DB_CLAIM.format(database))
+        claims.close()
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis: redis_module.Redis) -> str:
+    """The URL of the test session's Redis database (what ``SKEWER_REDIS_URL`` takes)."""
+    kwargs = redis.connection_pool.connection_kwargs
+    password = f":{kwargs['password']}@" if kwargs.get("password") else ""
+    return f"redis://{password}{kwargs['host']}:{kwargs['port']}/{kwargs['db']}"
+
+
+@pytest.fixture(scope="module")
+def settings(kafka: str, redis_url: str) -> Iterator[config.Settings]:
+    """The test services' settings, also in the environment of every ``skewer`` subprocess the
+    module's tests start (exporters on free ports, whatever the caller's environment says)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(config.ENV_KAFKA_BOOTSTRAP, kafka)
+        patch.setenv(config.ENV_REDIS_URL, redis_url)
+        patch.delenv("SKEWER_METRICS_PORT", raising=False)
+        yield config.load()
+
+
+def claim_test_database(claims: redis_module.Redis) -> int:
+    """The first database in :data:`TEST_REDIS_DBS` no live test session holds (a key in
+    database 0 with this process's id, expiring after a day in case the session is killed)."""
+    for database in TEST_REDIS_DBS:
+        key = TEST_DB_CLAIM.format(database)
+        holder = claims.get(key)
+        if holder is not None and not _process_alive(int(holder)):
+            claims.delete(key)  # a session killed before it could release its claim
+        if claims.set(key, os.getpid(), nx=True, ex=86_400):
+            return database
+    raise RuntimeError(f"every test Redis database {list(TEST_REDIS_DBS)} is claimed")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @pytest.fixture

@@ -69,7 +69,9 @@ tested in ``tests/unit/test_fang.py``):
 10. **Trigger (§4 step 2).** If no worker is overloaded and the table fits, ``plan`` keeps the
     current assignment (``details["triggered"] = False``).
 11. **Dead entries.** Entries for keys absent from the statistics have no state left in the
-    window and no load; they are dropped at no migration cost.
+    window and no load; they are dropped at no migration cost -- and listed in ``moved_keys``
+    (their worker changes back to ``h(k)``), so that a live migration moves whatever state an
+    event-time window longer than the interval still holds for them.
 12. **No compact representation (§4.1) or discretization (§4.2).** The exact per-key planner
     is compiled (numba) and plans 10^6 keys on 10 workers well under the paper's 0.6 s, so the
     approximation (≤ 1 % load error in Fig. 11b) buys nothing here.
@@ -551,6 +553,23 @@ class FangScheme(TableScheme):
     def base_workers(self, keys: KeyBatch) -> np.ndarray:
         return self.ring.owners(keys.key_ids())
 
+    def base_workers_of_ids(self, key_ids: np.ndarray) -> np.ndarray:
+        return self.ring.owners(np.asarray(key_ids, dtype=np.int64))
+
+    @property
+    def tolerance(self) -> float:
+        return self.theta_max
+
+    def measured_imbalance(self, worker_loads: np.ndarray) -> float:
+        """θ = (L_max − L̄)/L̄ (choice 1: one-sided; 0 for an idle system)."""
+        return _imbalance(np.asarray(worker_loads, dtype=np.float64)) - 1.0
+
+    def within_tolerance(self, worker_loads: np.ndarray) -> bool:
+        """L_max <= (1 + θ_max)·L̄, the very test :func:`rebalance` triggers on."""
+        loads = np.asarray(worker_loads, dtype=np.float64)
+        bound = balance_bound(float(loads.sum()), self.n_workers, self.theta_max)
+        return float(loads.max(initial=0.0)) <= bound
+
     def route(self, keys: KeyBatch) -> np.ndarray:
         key_ids = keys.key_ids()
         workers = self.table.apply(key_ids, self.ring.owners(key_ids))
@@ -609,9 +628,11 @@ class FangScheme(TableScheme):
             key_ids[in_table], result.assignment[in_table], version=self.table.version + 1
         )
         before = np.bincount(current, weights=stats.cost, minlength=self.n_workers)
+        # Dead entries (choice 11) go back to their hash worker: moved, at no cost.
+        unseen = np.setdiff1d(self.table.key_ids, key_ids, assume_unique=True)
         return Plan(
             table=table,
-            moved_keys=key_ids[moved],
+            moved_keys=np.concatenate([key_ids[moved], unseen]),
             migration_cost=float(state[moved].sum()),
             feasible=result.feasible,
             planning_seconds=time.perf_counter() - started,

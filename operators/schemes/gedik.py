@@ -573,6 +573,22 @@ class GedikScheme(TableScheme):
     def base_workers(self, keys: KeyBatch) -> np.ndarray:
         return self.ring.owners(keys.key_ids())
 
+    def base_workers_of_ids(self, key_ids: np.ndarray) -> np.ndarray:
+        return self.ring.owners(np.asarray(key_ids, dtype=np.int64))
+
+    @property
+    def tolerance(self) -> float:
+        return self.alpha
+
+    def measured_imbalance(self, worker_loads: np.ndarray) -> float:
+        """max/min load of the records (the linear resource's ratio of §3.1; inf when a worker
+        is idle while another is not, 1 for an idle system)."""
+        loads = np.asarray(worker_loads, dtype=np.float64)
+        if loads.size == 0 or float(loads.max()) <= 0:
+            return 1.0
+        high, low = float(loads.max()), float(loads.min())
+        return high / low if low > 0 else math.inf
+
     def route(self, keys: KeyBatch) -> np.ndarray:
         key_ids = keys.key_ids()
         workers = self.lookup(key_ids)
@@ -709,6 +725,7 @@ class GedikScheme(TableScheme):
         untracked_records = max(records - float(np.sum(measured[:, 0])), 0.0)
         migration = float(np.sum(measured[moved, 1])) + untracked_records * arc_moved
         b_k: dict[str, float] = {}
+        loads_after = np.zeros(n_new)
         for label, kind in zip("scn", self.resources, strict=True):
             if kind == "C":
                 continue
@@ -717,6 +734,8 @@ class GedikScheme(TableScheme):
             low = float(loads.min())
             ratio = float(loads.max()) / low if low > 0 else math.inf
             b_k[label] = ratio / self.alpha
+            if label == "n":  # beta_n is the records' (linear) load: the live balance measure
+                loads_after = loads * records
         b = float(np.prod(list(b_k.values())) ** (1.0 / len(b_k)))
         return Plan(
             table=table,
@@ -736,6 +755,7 @@ class GedikScheme(TableScheme):
                 "m": moved_beta / (total_beta / n_new) if total_beta > 0 else 0.0,
                 "b": b,
                 "b_k": b_k,
+                "loads_after": loads_after,
             },
         )
 

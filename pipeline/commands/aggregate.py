@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 
+from pipeline import metrics
 from pipeline.commands.produce import add_run_arguments
 from pipeline.commands.work import stop_on_sigterm
 
@@ -30,6 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-k", type=int, default=10, metavar="K", help="top keys (10)")
     parser.add_argument("--until-end", action="store_true", help="exit after END_OF_STREAM")
     add_run_arguments(parser)
+    metrics.add_arguments(parser, scheme=True)
     parser.add_argument("--verbose", action="store_true", help="a line per finalized window")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
     parser.set_defaults(handler=run)
@@ -79,6 +81,16 @@ def run(args: argparse.Namespace) -> int:
         for window in step.finalized:
             print(f"window {window} final", file=sys.stderr)
 
+    try:
+        scheme = metrics.resolve_scheme(args.scheme)
+        exporter = metrics.start_exporter("aggregate", args.run_id, scheme, args.metrics_port)
+    except metrics.MetricsError as error:
+        client.close()
+        raise UsageError(str(error)) from None
+    if exporter.enabled:  # the aggregator's series: Redis, read at each scrape
+        exporter.register(
+            metrics.AggregatorCollector(exporter.labels, args.workers, settings.redis_url)
+        )
     stop_on_sigterm()
     try:
         summary = aggregator.run(on_step=report if args.verbose else None)
@@ -86,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"skewer aggregate: error: {error}", file=sys.stderr)
         return 1
     finally:
+        exporter.close()
         client.close()
     if args.json:
         print(json.dumps({"run_id": args.run_id, **vars(summary)}))

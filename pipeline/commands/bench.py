@@ -4,15 +4,18 @@
 ``bench/experiments`` (or the named ones) and writes ``<name>.md`` (headed by the command and
 the machine), its PNG figures and its data as JSON. ``skewer bench speed`` measures routing,
 simulation and planning speed into ``speed.md``. ``skewer bench e2e`` runs the live pipeline
-once per live scheme (services must answer) into ``end_to_end.md``. ``--out DIR`` writes
-elsewhere.
+once per live scheme (services must answer) into ``end_to_end.md``; ``skewer bench migration``
+runs each routing-table scheme live with its controller, and in the simulator, into
+``migration.md``. ``--out DIR`` writes elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,6 +40,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e2e.add_argument("--only", nargs="+", metavar="SCHEME", help="these live schemes only")
     e2e.add_argument("--out", type=Path, help="output directory (default bench/results)")
     e2e.set_defaults(handler=run_e2e)
+    migration = commands.add_parser(
+        "migration", help="routing-table schemes live: planning, migrated state, hold-back"
+    )
+    migration.add_argument("--only", nargs="+", metavar="SCHEME", help="these schemes only")
+    migration.add_argument(
+        "--interval", type=float, default=2.0, metavar="SECONDS", help="controller round (2)"
+    )
+    migration.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    migration.set_defaults(handler=run_migration)
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -77,26 +89,28 @@ def run_paper(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_speed(args: argparse.Namespace) -> int:
-    import time
+def _write(result: Any, out: Path | None, command: str, seconds: float) -> int:
+    """Write ``result`` headed by its command and this machine, print it, say where it went."""
+    from bench import harness
 
-    from bench import harness, speed
-
-    began = time.perf_counter()
-    result = speed.run(quick=args.quick)
-    seconds = time.perf_counter() - began
     paths = harness.write_result(
-        result, args.out or harness.RESULTS_DIR, _command(args), harness.machine_info(), seconds
+        result, out or harness.RESULTS_DIR, command, harness.machine_info(), seconds
     )
     print(result.markdown)
     _log(f"written: {', '.join(str(p) for p in paths)}")
     return 0
 
 
-def run_e2e(args: argparse.Namespace) -> int:
-    import time
+def run_speed(args: argparse.Namespace) -> int:
+    from bench import speed
 
-    from bench import end_to_end, harness
+    began = time.perf_counter()
+    result = speed.run(quick=args.quick)
+    return _write(result, args.out, _command(args), time.perf_counter() - began)
+
+
+def run_e2e(args: argparse.Namespace) -> int:
+    from bench import end_to_end
     from pipeline.cli import UsageError
     from pipeline.orchestrator import PipelineError
 
@@ -119,10 +133,29 @@ def run_e2e(args: argparse.Namespace) -> int:
     except PipelineError as error:
         print(f"skewer bench e2e: error: {error}", file=sys.stderr)
         return 1
-    seconds = time.perf_counter() - began
-    paths = harness.write_result(
-        result, args.out or harness.RESULTS_DIR, " ".join(words), harness.machine_info(), seconds
-    )
-    print(result.markdown)
-    _log(f"written: {', '.join(str(p) for p in paths)}")
-    return 0
+    return _write(result, args.out, " ".join(words), time.perf_counter() - began)
+
+
+def run_migration(args: argparse.Namespace) -> int:
+    from bench import migration
+    from pipeline.cli import UsageError
+    from pipeline.orchestrator import PipelineError
+
+    if not args.interval > 0:
+        raise UsageError(f"--interval must be > 0, got {args.interval}")
+    words = ["skewer", "bench", "migration"]
+    if args.interval != migration.INTERVAL:
+        words += ["--interval", f"{args.interval:g}"]
+    if args.only:
+        words += ["--only", *args.only]
+    if args.out is not None:
+        words += ["--out", str(args.out)]
+    began = time.perf_counter()
+    try:
+        result = migration.run(
+            schemes=args.only or migration.TABLE_SCHEMES, interval=args.interval, log=_log
+        )
+    except PipelineError as error:
+        print(f"skewer bench migration: error: {error}", file=sys.stderr)
+        return 1
+    return _write(result, args.out, " ".join(words), time.perf_counter() - began)

@@ -62,6 +62,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="synthetic event time: records per second of event time (default: produce's)",
     )
     parser.add_argument("--top-k", type=int, default=10, metavar="K", help="top keys (10)")
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a scheme parameter, e.g. theta_max=0.1 (repeatable)",
+    )
+    parser.add_argument(
+        "--control-interval",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="routing-table schemes: seconds between the controller's rounds (2)",
+    )
     parser.add_argument("--verify", action="store_true", help="exit 1 unless counts are exact")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--run-id", help="run id (default: a fresh demo-XXXXXXXX)")
@@ -112,7 +126,7 @@ def _say(line: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline import config, orchestrator
+    from pipeline import config, orchestrator, report
     from pipeline.cli import UsageError
 
     scheme = args.scheme or os.environ.get(SCHEME_VARIABLE, "").strip() or DEFAULT_SCHEME
@@ -127,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         "cpu_cost_us": args.cpu_cost_us,
         "top_k": args.top_k,
         "topic_prefix": args.topic_prefix,
+        "control_interval": args.control_interval,
+        "params": tuple(args.param),
     }
     if args.event_rate is not None:
         fields["event_rate"] = args.event_rate
@@ -158,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
         )
     printer = ProgressPrinter(plan.records)
     summary = None
+    report_png: str | None = None
     try:
         with orchestrator.Pipeline(plan, settings, log=None if quiet else _say) as pipeline:
             try:
@@ -165,6 +182,9 @@ def run(args: argparse.Namespace) -> int:
                 pipeline.start_all()
                 pipeline.wait(timeout=args.timeout, on_progress=None if quiet else printer)
                 summary = pipeline.summary()
+                report_png = report.report_for_demo(
+                    pipeline.store.client, plan.run_id, plan.scheme, settings.run_dir, _say
+                )
             finally:
                 printer.done()
                 # Stop what still runs before deleting the run (a failure, Ctrl-C, a timeout);
@@ -185,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         lease.release()
 
     if args.json:
-        print(json.dumps(summary.as_json()))
+        print(json.dumps({**summary.as_json(), "report_png": report_png}))
     else:
         print(
             f"run {plan.run_id}: scheme {plan.scheme}, {plan.records:,} records of "
@@ -193,6 +213,8 @@ def run(args: argparse.Namespace) -> int:
         )
         print("\n".join(summary.lines()))
         print("\n".join(summary.verification.lines()))
+        if report_png:
+            print(f"report: {report_png}")
     if args.verify and not summary.exact:
         if args.json:
             for line in summary.verification.lines():

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 
+from pipeline import metrics
 from pipeline.commands.produce import add_run_arguments
 
 #: The environment variable that names the scheme (DESIGN.md: "one environment variable").
@@ -47,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the scheme objects")
     parser.add_argument("--json", action="store_true", help="print one JSON summary at exit")
+    metrics.add_arguments(parser, scheme=False)
     parser.set_defaults(handler=run)
 
 
@@ -78,7 +80,17 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         grouping_stage.prepare(stage)
-        summaries = grouping_stage.run_sources(stage, sources)
+        # Several sources run as child processes: they record into the exporter's
+        # multiprocess folder, which it sets before they start.
+        exporter = metrics.start_exporter(
+            "group", args.run_id, scheme, args.metrics_port, multiprocess=len(sources) > 1
+        )
+        try:
+            summaries = grouping_stage.run_sources(stage, sources)
+        finally:
+            exporter.close()
+    except metrics.MetricsError as error:
+        raise UsageError(str(error)) from None
     except kafka_io.ServiceUnavailableError as error:
         print(f"skewer group: error: {error}", file=sys.stderr)
         return 1

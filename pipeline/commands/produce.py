@@ -16,6 +16,8 @@ import dataclasses
 import json
 import sys
 
+from pipeline import metrics
+
 DEFAULT_WORKLOAD = "zipf:z=1.2,keys=100000,seed=0"
 
 
@@ -49,6 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--start-ms", type=int, help="synthetic event time of record 0 (default: now, aligned)"
     )
     add_run_arguments(parser)
+    metrics.add_arguments(parser, scheme=True)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(handler=run)
 
@@ -89,6 +92,13 @@ def run(args: argparse.Namespace) -> int:
     except kafka_io.KafkaIOError as error:
         raise UsageError(str(error)) from None
     try:
+        exporter = metrics.start_exporter(
+            "produce", args.run_id, metrics.resolve_scheme(args.scheme), args.metrics_port
+        )
+    except metrics.MetricsError as error:
+        redis_client.close()
+        raise UsageError(str(error)) from None
+    try:
         result = produce_stream(
             keys,
             bootstrap=settings.kafka_bootstrap,
@@ -99,11 +109,13 @@ def run(args: argparse.Namespace) -> int:
             event_rate=args.event_rate,
             rate=args.rate,
             start_ms=args.start_ms,
+            on_acked=metrics.ProducerMetrics(exporter.labels, args.sources).acked,
         )
     except RuntimeError as error:
         print(f"skewer produce: error: {error}", file=sys.stderr)
         return 1
     finally:
+        exporter.close()
         redis_client.close()
     summary = {"workload": workload.spec, "run_id": args.run_id, **result.summary()}
     if args.json:

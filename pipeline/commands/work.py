@@ -21,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline import metrics
 from pipeline.commands.produce import add_run_arguments
 
 #: How long to wait for topic ``keys`` to appear when ``--sources`` is not given.
@@ -48,6 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--until-end", action="store_true", help="stop at END_OF_STREAM")
     add_run_arguments(parser)
+    metrics.add_arguments(parser, scheme=True)
     parser.add_argument("--verbose", action="store_true", help="a line per micro-batch")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
     parser.set_defaults(handler=run)
@@ -115,6 +117,18 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except kafka_io.KafkaIOError as error:
         raise UsageError(str(error)) from None
+    try:
+        scheme = metrics.resolve_scheme(args.scheme)
+        exporter = metrics.start_exporter("work", args.run_id, scheme, args.metrics_port)
+    except metrics.MetricsError as error:
+        raise UsageError(str(error)) from None
+    if exporter.enabled:  # the workers' series: Redis and Kafka, read at each scrape
+        lag = metrics.WorkTopicLag(
+            settings.kafka_bootstrap, names.work_topic, args.workers, options.checkpoint
+        )
+        exporter.register(
+            metrics.WorkerCollector(exporter.labels, args.workers, settings.redis_url, lag)
+        )
     stop_on_sigterm()
     try:
         summary = worker_job.run(options, on_batch=worker_job.log_batch if args.verbose else None)
@@ -123,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
     except worker_job.WorkerJobError as error:
         print(f"skewer work: error: {error}", file=sys.stderr)
         return 1
+    finally:
+        exporter.close()
     if args.json:
         print(json.dumps({"run_id": args.run_id, "workers": args.workers, **vars(summary)}))
     else:

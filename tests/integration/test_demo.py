@@ -18,7 +18,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +29,6 @@ from pipeline.commands.demo import ProgressPrinter
 from pipeline.orchestrator import Progress, RunPlan, imbalance, max_avg
 
 WORKLOAD = "zipf:z=1.2,keys=100000,seed=0"
-
-
-@pytest.fixture
-def services_env(kafka: str, redis: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    kwargs = redis.connection_pool.connection_kwargs
-    monkeypatch.setenv(config.ENV_KAFKA_BOOTSTRAP, kafka)
-    monkeypatch.setenv(config.ENV_REDIS_URL, f"redis://{kwargs['host']}:{kwargs['port']}/1")
-    yield
 
 
 def pkg_reference_loads(keys: list[bytes], workers: int, sources: int) -> list[int]:
@@ -56,7 +47,7 @@ def pkg_reference_loads(keys: list[bytes], workers: int, sources: int) -> list[i
 
 @pytest.mark.integration
 def test_demo_pkg_100000_verify_json_is_exact_and_reports_the_contract_fields(
-    services_env: None, capsys: pytest.CaptureFixture[str]
+    settings: config.Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from producers.workloads import parse
 
@@ -118,7 +109,7 @@ def _group_members(pgids: set[int]) -> list[int]:
 
 @pytest.mark.integration
 def test_ctrl_c_stops_every_stage_with_its_children_and_deletes_the_run(
-    services_env: None, kafka: str, redis: Any
+    settings: config.Settings, kafka: str, redis: Any
 ) -> None:
     run_id = f"demo-sigint-{uuid.uuid4().hex[:6]}"
     argv = ["demo", "--records", "100000", "--run-id", run_id, "--cpu-cost-us", "2000", "--quiet"]
@@ -155,7 +146,7 @@ def test_ctrl_c_stops_every_stage_with_its_children_and_deletes_the_run(
 
 @pytest.mark.integration
 def test_an_existing_run_is_refused_and_left_alone(
-    services_env: None, kafka: str, capsys: pytest.CaptureFixture[str]
+    settings: config.Settings, kafka: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_id = f"demo-taken-{uuid.uuid4().hex[:6]}"
     services.create_topic(kafka, f"{run_id}-work", 3)
@@ -195,7 +186,7 @@ def test_a_service_that_does_not_answer_is_started_for_the_run_and_stopped_after
 
 
 @pytest.mark.integration
-def test_a_failing_stage_stops_the_run_with_its_own_error_line(services_env: None) -> None:
+def test_a_failing_stage_stops_the_run_with_its_own_error_line(settings: config.Settings) -> None:
     from pipeline.orchestrator import Pipeline, StageFailedError
 
     plan = RunPlan(
@@ -288,18 +279,33 @@ def test_plan_commands_and_balance_figures() -> None:
     )
     assert " ".join(plan.argv("produce")) == (
         "produce --workload zipf:z=1.2,keys=100000,seed=0 --records 500 --sources 1 "
-        "--window-ms 10000 --event-rate 4000 --rate 250 --run-id x --topic-prefix x- --json"
+        "--window-ms 10000 --event-rate 4000 --rate 250 --run-id x --topic-prefix x- --scheme fish "
+        "--json"
     )
     assert " ".join(plan.argv("aggregate")) == (
         "aggregate --workers 3 --window-ms 10000 --lateness-ms 0 --top-k 10 --run-id x "
-        "--topic-prefix x- --until-end --json"
+        "--topic-prefix x- --scheme fish --until-end --json"
     )
     checkpoint = plan.checkpoint_dir(config.load())
     assert " ".join(plan.argv("work")) == (
         "work --workers 3 --sources 1 --window-ms 10000 --cpu-cost-us 0.5 --checkpoint "
-        f"{checkpoint} --run-id x --topic-prefix x- --until-end --json"
+        f"{checkpoint} --run-id x --topic-prefix x- --scheme fish --until-end --json"
     )
     assert plan.topics == ["x-keys", "x-work", "x-dead-letters", "x-results"]
+    assert plan.stages == ("work", "aggregate", "group", "produce")  # no routing table
+    mixed = RunPlan(
+        scheme="mixed", records=500, run_id="y", control_interval=1.5, params=("theta_max=0.1",)
+    )
+    assert mixed.stages == ("work", "aggregate", "control", "group", "produce")
+    assert " ".join(mixed.argv("control")) == (
+        "control --scheme mixed --workers 8 --sources 2 --interval 1.5 --param theta_max=0.1 "
+        "--run-id y --topic-prefix y- --until-end --json"
+    )
+    assert " ".join(mixed.argv("group")) == (
+        "group --scheme mixed --workers 8 --sources 2 --param theta_max=0.1 --run-id y "
+        "--topic-prefix y- --until-end --json"
+    )
+    assert mixed.stage_config(config.load()).params == {"theta_max": 0.1}
     # I = max - avg and lambda = max / avg (PKG §II), by hand: loads 6, 2, 1 -> avg 3.
     assert imbalance([6, 2, 1]) == 3.0
     assert max_avg([6, 2, 1]) == 2.0

@@ -19,12 +19,10 @@ shuffle runs' per-worker loads against MurmurHash3 and round robin written out b
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +30,7 @@ from typing import Any
 import mmh3
 import numpy as np
 import pytest
+from live_runs import RUN_TIMEOUT, run_of, shared_spark_run
 
 from pipeline import config, kafka_io, records
 from pipeline.orchestrator import Pipeline, RunPlan, RunSummary, new_run_id
@@ -44,19 +43,6 @@ RECORDS = 200_000
 WORKLOAD = "zipf:z=1.2,keys=100000,seed=0"
 WORKERS = 8
 SOURCES = 2
-#: Seconds a whole run may take (seven share two cores).
-RUN_TIMEOUT = 300.0
-
-
-@pytest.fixture(scope="module")
-def settings(kafka: str, redis: Any) -> Iterator[config.Settings]:
-    """Settings (and the environment of the ``skewer`` subprocesses) for the test services."""
-    kwargs = redis.connection_pool.connection_kwargs
-    url = f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs['db']}"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(config.ENV_KAFKA_BOOTSTRAP, kafka)
-        patch.setenv(config.ENV_REDIS_URL, url)
-        yield config.load()
 
 
 @dataclass
@@ -67,43 +53,9 @@ class Outcome:
     routed: list[int]
 
 
-@contextlib.contextmanager
-def run_of(plan: RunPlan, settings: config.Settings) -> Iterator[Pipeline]:
-    """The pipeline of ``plan``; its run is stopped and deleted at the end, pass or fail (the
-    stage logs stay when it failed)."""
-    pipeline = Pipeline(plan, settings)
-    passed = False
-    try:
-        yield pipeline
-        passed = True
-    finally:
-        pipeline.stop()
-        pipeline.cleanup(logs=passed)
-        pipeline.close()
-
-
 def run_with_shared_spark(plan: RunPlan, settings: config.Settings, spark: Any) -> Outcome:
     """Produce, group and aggregate as subprocesses; the workers as a query in ``spark``."""
-    from pipeline import worker_job
-
-    failure: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            worker_job.run(plan.work_options(settings), spark)
-        except BaseException as error:
-            failure.append(error)
-
-    with run_of(plan, settings) as pipeline:
-        pipeline.prepare()
-        worker = threading.Thread(target=work, name=f"work-{plan.scheme}", daemon=True)
-        worker.start()
-        pipeline.start_all(["aggregate", "group", "produce"])
-        pipeline.wait(["produce", "group"], timeout=RUN_TIMEOUT)
-        worker.join(RUN_TIMEOUT)
-        assert not failure, f"{plan.scheme}: the worker job failed: {failure[0]}"
-        assert not worker.is_alive(), f"{plan.scheme}: the worker job did not finish"
-        pipeline.wait(["aggregate"], timeout=60)
+    with shared_spark_run(plan, settings, spark) as pipeline:
         store = pipeline.store
         truth: Counter[bytes] = Counter()
         for window in store.truth_windows():

@@ -36,11 +36,6 @@ SKEWER = str(Path(sys.executable).with_name("skewer"))
 WINDOW_MS = 10_000
 
 
-def redis_url_of(client: object) -> str:
-    kwargs = client.connection_pool.connection_kwargs  # type: ignore[attr-defined]
-    return f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs['db']}"
-
-
 def skewer_env(kafka: str, redis_url: str) -> dict[str, str]:
     return {**os.environ, "SKEWER_KAFKA_BOOTSTRAP": kafka, "SKEWER_REDIS_URL": redis_url}
 
@@ -59,12 +54,12 @@ def run_names(kafka: str, redis: object) -> Iterator[kafka_io.RunNames]:
 
 
 def stage_config(
-    kafka: str, redis: object, names: kafka_io.RunNames, scheme: str, workers: int, sources: int,
+    kafka: str, redis_url: str, names: kafka_io.RunNames, scheme: str, workers: int, sources: int,
     batch_size: int = 1_000,
 ) -> grouping_stage.StageConfig:  # fmt: skip
     return grouping_stage.StageConfig(
         bootstrap=kafka,
-        redis_url=redis_url_of(redis),
+        redis_url=redis_url,
         names=names,
         scheme=scheme,
         n_workers=workers,
@@ -124,11 +119,11 @@ def assert_markers_keep_their_promise(
 
 @pytest.mark.parametrize("scheme", ["key", "pkg"])
 def test_routing_equals_the_simulator(
-    kafka: str, redis: object, run_names: kafka_io.RunNames, scheme: str
+    kafka: str, redis: object, redis_url: str, run_names: kafka_io.RunNames, scheme: str
 ) -> None:
     workers, sources, records = 5, 2, 30_000
     keys = produce(kafka, redis, run_names, f"zipf:z=1.2,keys=2000,n={records},seed=5", sources)
-    config = stage_config(kafka, redis, run_names, scheme, workers, sources, batch_size=777)
+    config = stage_config(kafka, redis_url, run_names, scheme, workers, sources, batch_size=777)
     grouping_stage.prepare(config)
     summaries = [grouping_stage.run_source(config, s) for s in range(sources)]
     assert [s.data for s in summaries] == [15_000, 15_000]
@@ -158,11 +153,11 @@ def source_children(pid: int) -> list[int]:
 
 
 def test_kill_9_mid_run_then_restart_is_exactly_once(
-    kafka: str, redis: object, run_names: kafka_io.RunNames
+    kafka: str, redis: object, redis_url: str, run_names: kafka_io.RunNames
 ) -> None:
     workers, sources, records = 4, 2, 200_000
     produce(kafka, redis, run_names, f"zipf:z=1.2,keys=20000,n={records},seed=9", sources)
-    url = redis_url_of(redis)
+    url = redis_url
     command = [
         SKEWER, "group", "--scheme", "pkg", "--workers", str(workers),
         "--sources", str(sources), "--until-end", "--batch-size", "2000",
@@ -219,11 +214,11 @@ def test_kill_9_mid_run_then_restart_is_exactly_once(
 
 
 def test_bad_input_goes_to_dead_letters_and_valid_records_flow(
-    kafka: str, redis: object, run_names: kafka_io.RunNames
+    kafka: str, redis: object, redis_url: str, run_names: kafka_io.RunNames
 ) -> None:
     from confluent_kafka import Producer
 
-    config = stage_config(kafka, redis, run_names, "pkg", workers=3, sources=1)
+    config = stage_config(kafka, redis_url, run_names, "pkg", workers=3, sources=1)
     grouping_stage.prepare(config)
 
     def value(kind: int, time_ms: int, seq: int) -> bytes:
@@ -293,14 +288,14 @@ def test_bad_input_goes_to_dead_letters_and_valid_records_flow(
 
 
 def test_a_batch_the_broker_refuses_stops_the_source_without_loss(
-    kafka: str, redis: object, run_names: kafka_io.RunNames
+    kafka: str, redis: object, redis_url: str, run_names: kafka_io.RunNames
 ) -> None:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
     # a work topic made elsewhere, with the broker's default 1 MiB limit: a valid key of
     # MAX_KEY_BYTES cannot be written to it
     kafka_io.ensure_topic(kafka, run_names.work_topic, 2)
-    config = stage_config(kafka, redis, run_names, "key", workers=2, sources=1)
+    config = stage_config(kafka, redis_url, run_names, "key", workers=2, sources=1)
     grouping_stage.prepare(config)
     producer = Producer(kafka_io.producer_config(kafka))
     value = encode_input(np.array([1]), np.array([0]), np.array([0]))[0]
@@ -317,10 +312,12 @@ def test_a_batch_the_broker_refuses_stops_the_source_without_loss(
     assert kafka_io.read_topic(kafka, run_names.work_topic) == []
 
 
-def test_one_process_per_source(kafka: str, redis: object, run_names: kafka_io.RunNames) -> None:
+def test_one_process_per_source(
+    kafka: str, redis: object, redis_url: str, run_names: kafka_io.RunNames
+) -> None:
     workers, sources, records = 3, 2, 20_000
     keys = produce(kafka, redis, run_names, f"zipf:z=1.2,keys=500,n={records},seed=4", sources)
-    env = skewer_env(kafka, redis_url_of(redis))
+    env = skewer_env(kafka, redis_url)
     base = [
         SKEWER, "group", "--scheme", "key", "--workers", str(workers), "--sources", str(sources),
         "--until-end", "--json", "--run-id", run_names.run_id,
@@ -346,9 +343,9 @@ def test_one_process_per_source(kafka: str, redis: object, run_names: kafka_io.R
 
 
 def test_malformed_configuration_fails_at_start_with_one_line(
-    kafka: str, redis: object, run_names: kafka_io.RunNames
+    kafka: str, redis: object, redis_url: str, run_names: kafka_io.RunNames
 ) -> None:
-    env = skewer_env(kafka, redis_url_of(redis))
+    env = skewer_env(kafka, redis_url)
     names = ["--run-id", run_names.run_id, "--topic-prefix", run_names.topic_prefix]
 
     def group(*args: str, environment: dict[str, str] = env) -> subprocess.CompletedProcess[str]:

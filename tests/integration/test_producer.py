@@ -36,11 +36,6 @@ WORKLOAD = f"zipf:z=1.2,keys=50000,n={RECORDS},seed=3"
 SKEWER = str(Path(sys.executable).with_name("skewer"))
 
 
-def redis_url_of(client: object) -> str:
-    kwargs = client.connection_pool.connection_kwargs  # type: ignore[attr-defined]
-    return f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs['db']}"
-
-
 def run_skewer(kafka: str, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SKEWER_KAFKA_BOOTSTRAP": kafka, "SKEWER_REDIS_URL": redis_url}
     return subprocess.run(
@@ -178,13 +173,13 @@ def test_paced_rate_follows_the_wall_clock(kafka: str, redis: object) -> None:
     assert (data_times - start).tolist() == [i * 1000 // 3000 for i in range(1500)]
 
 
-def test_cli_prints_one_json_object(kafka: str, redis: object) -> None:
+def test_cli_prints_one_json_object(kafka: str, redis: object, redis_url: str) -> None:
     tag = uuid.uuid4().hex[:8]
     prefix = f"test-produce-cli-{tag}-"
     try:
         done = run_skewer(
             kafka,
-            redis_url_of(redis),
+            redis_url,
             "produce",
             "--workload",
             "zipf:z=1.2,keys=1000,seed=2",
@@ -211,7 +206,7 @@ def test_cli_prints_one_json_object(kafka: str, redis: object) -> None:
         assert kafka_io.topic_partitions(kafka, f"{prefix}keys") == 2
         # a second run with another partition count is refused: the count is the routing
         again = run_skewer(
-            kafka, redis_url_of(redis), "produce", "--records", "10", "--sources", "3",
+            kafka, redis_url, "produce", "--records", "10", "--sources", "3",
             "--topic-prefix", prefix,
         )  # fmt: skip
         assert again.returncode == 2
@@ -224,8 +219,8 @@ def test_cli_prints_one_json_object(kafka: str, redis: object) -> None:
         delete_run_keys(redis, run)
 
 
-def test_cli_errors_are_one_line(kafka: str, redis: object) -> None:
-    url = redis_url_of(redis)
+def test_cli_errors_are_one_line(kafka: str, redis: object, redis_url: str) -> None:
+    url = redis_url
     unreachable = run_skewer("127.0.0.1:1", url, "produce", "--records", "10")
     assert unreachable.returncode == 1
     assert unreachable.stderr.strip().splitlines() == [

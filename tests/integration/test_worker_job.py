@@ -142,11 +142,6 @@ def _data(event_time_ms: int, source: int, seq: int) -> bytes:
     return records.encode_work(row, source=source, table_version=0)[0]
 
 
-def redis_url_of(client) -> str:
-    kwargs = client.connection_pool.connection_kwargs
-    return f"redis://{kwargs['host']}:{kwargs['port']}/{kwargs['db']}"
-
-
 def read_results(bootstrap: str, topic: str, expected: int) -> list[dict]:
     from confluent_kafka import Consumer, TopicPartition
 
@@ -185,14 +180,14 @@ def run_names(kafka: str, create_topic: Callable[[str, int], str]) -> kafka_io.R
 
 
 def test_workers_and_aggregator_count_exactly(
-    spark, kafka: str, redis, run_names: kafka_io.RunNames, tmp_path: Path
+    spark, kafka: str, redis, redis_url: str, run_names: kafka_io.RunNames, tmp_path: Path
 ) -> None:
     written = write_work(kafka, run_names.work_topic, records_per_source=6_000)
     options = WorkOptions(
         workers=WORKERS,
         sources=SOURCES,
         kafka_bootstrap=kafka,
-        redis_url=redis_url_of(redis),
+        redis_url=redis_url,
         checkpoint=tmp_path / "checkpoint",
         work_topic=run_names.work_topic,
         window_ms=WINDOW_MS,
@@ -266,6 +261,7 @@ def _work_command(names: kafka_io.RunNames, checkpoint: Path) -> list[str]:
 def test_kill_9_mid_batch_and_restart_from_checkpoint_stays_exact(
     kafka: str,
     redis,
+    redis_url: str,
     run_names: kafka_io.RunNames,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -273,7 +269,7 @@ def test_kill_9_mid_batch_and_restart_from_checkpoint_stays_exact(
     written = write_work(
         kafka, run_names.work_topic, records_per_source=12_000, seed=11, route=hot_on_worker_zero
     )
-    env = dict(os.environ, SKEWER_KAFKA_BOOTSTRAP=kafka, SKEWER_REDIS_URL=redis_url_of(redis))
+    env = dict(os.environ, SKEWER_KAFKA_BOOTSTRAP=kafka, SKEWER_REDIS_URL=redis_url)
     command = _work_command(run_names, tmp_path / "checkpoint")
     store = StateStore(redis, run_names.run_id)
 
@@ -313,7 +309,7 @@ def test_kill_9_mid_batch_and_restart_from_checkpoint_stays_exact(
 
     from pipeline import cli
 
-    monkeypatch.setenv("SKEWER_REDIS_URL", redis_url_of(redis))
+    monkeypatch.setenv("SKEWER_REDIS_URL", redis_url)
     monkeypatch.setenv("SKEWER_KAFKA_BOOTSTRAP", kafka)
     code = cli.main(
         [

@@ -411,7 +411,9 @@ def test_plan_drops_dead_entries_and_keeps_balanced_tables() -> None:
     scheme.route(keys)
     plan = scheme.plan(scheme.statistics())
     assert not plan.details["triggered"]
-    assert len(plan.table) == 0 and plan.moved_keys.size == 0 and plan.migration_cost == 0
+    # The dead entry is dropped, and reported as moved (back to its hash worker), with no cost.
+    assert len(plan.table) == 0 and plan.moved_keys.tolist() == dead.tolist()
+    assert plan.migration_cost == 0
     assert base.size == 6
 
 
@@ -468,7 +470,8 @@ def test_plan_properties_on_random_statistics(name, keys, table_keys, rmax, thet
     assert set(plan.table.key_ids.tolist()) <= set(ids)
     old = scheme.table.apply(stats.key_ids, scheme.ring.owners(stats.key_ids))
     new = plan.table.apply(stats.key_ids, scheme.ring.owners(stats.key_ids))
-    assert plan.moved_keys.tolist() == stats.key_ids[old != new].tolist()
+    dead = np.setdiff1d(existing, stats.key_ids)  # dropped entries move too (choice 11)
+    assert plan.moved_keys.tolist() == stats.key_ids[old != new].tolist() + dead.tolist()
     assert plan.migration_cost == pytest.approx(stats.state_size[old != new].sum(), abs=0)
     loads = np.bincount(new, weights=stats.cost, minlength=3)
     assert plan.details["loads_after"].tolist() == loads.tolist()

@@ -103,6 +103,7 @@ def test_script_args_layout() -> None:
         records=5,
         rejected=2,
         latency={7: 3, 2: 2},
+        source_versions={1: 4},
     )
     assert batch.script_args("skewer:r:", n_sources=2) == [
         "skewer:r:", 3, 12, 2,
@@ -110,6 +111,7 @@ def test_script_args_layout() -> None:
         2, 0, 5, 1, 9_999,
         5, 2,
         2, 2, 2, 7, 3,
+        1, 1, 4,
     ]  # fmt: skip
 
 
