@@ -117,7 +117,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.utils import floatToGoString
 
-from pipeline import config
+from pipeline import config, services
 from pipeline.state_store import BUCKETS_PER_DECADE, RunKeys, bucket_upper_ms
 
 if TYPE_CHECKING:
@@ -513,22 +513,12 @@ def target_path(targets_dir: Path, stage: str, run_id: str, pid: int) -> Path:
 _TARGET_PID = re.compile(r"-(\d+)\.json$")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale_targets(targets_dir: Path) -> list[Path]:
     """Delete target files of processes that no longer run (a stage killed with -9)."""
     removed = []
     for path in targets_dir.glob("*.json"):
         match = _TARGET_PID.search(path.name)
-        if match and not _pid_alive(int(match.group(1))):
+        if match and not services.process_alive(int(match.group(1))):
             path.unlink(missing_ok=True)
             removed.append(path)
     return removed

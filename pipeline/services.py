@@ -93,6 +93,11 @@ def _start_ticks(pid: int) -> int | None:
     return start_ticks
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    return _start_ticks(pid) is not None
+
+
 def _reap(pid: int) -> None:
     child = _children.get(pid)
     if child is not None and child.poll() is not None:

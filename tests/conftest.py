@@ -235,21 +235,11 @@ def claim_test_database(claims: redis_module.Redis) -> int:
     for database in TEST_REDIS_DBS:
         key = TEST_DB_CLAIM.format(database)
         holder = claims.get(key)
-        if holder is not None and not _process_alive(int(holder)):
+        if holder is not None and not services.process_alive(int(holder)):
             claims.delete(key)  # a session killed before it could release its claim
         if claims.set(key, os.getpid(), nx=True, ex=86_400):
             return database
     raise RuntimeError(f"every test Redis database {list(TEST_REDIS_DBS)} is claimed")
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @pytest.fixture

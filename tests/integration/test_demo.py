@@ -118,6 +118,10 @@ def test_ctrl_c_stops_every_stage_with_its_children_and_deletes_the_run(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        # Ctrl-C's SIGINT as a terminal delivers it, even when this test session was started
+        # in the background by a shell without job control, whose children inherit SIGINT
+        # ignored (and Python then installs no KeyboardInterrupt handler).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     stages: dict[int, str] = {}
     deadline = time.monotonic() + 120

@@ -186,3 +186,36 @@ def test_a_restarted_controller_finishes_the_migration_its_predecessor_started(
     # ... and its next round plans against the published table (version 2 next).
     assert second.planner.table.version == 1
     assert plane.rebalances()[0]["keys_moved"] == len(moving)
+
+
+def test_a_feasible_readj_table_keeps_max_over_min_within_alpha(redis, plane, run_id) -> None:
+    """Gedik's READJ through the controller: three hot keys that hash to one worker trigger a
+    rebalance; the published table, applied to the interval's statistics (every key tracked
+    here), keeps max/min load within alpha, recomputed independently of the plan."""
+    alpha = 1.5
+    options = ControllerOptions(
+        scheme="readj", workers=W, sources=1, run_id=run_id, redis_url="", interval=60,
+        params={"alpha": alpha},
+    )  # fmt: skip
+    controller = Controller(options, redis)
+    controller.start()
+    source = registry.create("readj", W, alpha=alpha)
+    candidates = KeyBatch.from_bytes([f"hot{i}".encode() for i in range(100)])
+    owners = source.base_workers(candidates)
+    hot = [candidates[i] for i in np.flatnonzero(owners == 0)[:W].tolist()]
+    cold = [f"cold{i}".encode() for i in range(60)]
+    keys = KeyBatch.from_bytes(hot * 60 + cold)
+    source.route(keys)
+    report = compact_report(source.statistics(), [keys], {}, source=0, round_=1, table_version=0)
+    stats = report.statistics()
+    assert not controller.planner.within_tolerance(stats.worker_loads)
+    assert controller.close_round(1, [report]) == "rebalanced"
+    table = plane.table(1).table
+    loads = np.bincount(
+        table.apply(stats.key_ids, controller.planner.base_workers_of_ids(stats.key_ids)),
+        weights=stats.frequency,
+        minlength=W,
+    )
+    assert loads.max() / loads.min() <= alpha
+    (record,) = [i for i in plane.intervals() if i["outcome"] == "rebalanced"]
+    assert record["planned_imbalance"] == pytest.approx(loads.max() / loads.min())
