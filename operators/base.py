@@ -173,12 +173,12 @@ class TableScheme(Scheme):
         super().__init__(n_workers, source=source, n_sources=n_sources, seed=seed)
         self.table = RoutingTable()
 
-    @abc.abstractmethod
     def base_workers(self, keys: KeyBatch) -> np.ndarray:
         """The base hash's worker per key (the assignment with an empty table)."""
+        return self.base_workers_of_ids(keys.key_ids())
 
     # The live controller (pipeline.controller) also needs the three members below; a scheme
-    # that only runs in the simulator may leave them out.
+    # that only runs in the simulator may leave them out (and define base_workers instead).
 
     @property
     def tolerance(self) -> float:

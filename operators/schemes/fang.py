@@ -550,9 +550,6 @@ class FangScheme(TableScheme):
             "replicas": self.replicas,
         }
 
-    def base_workers(self, keys: KeyBatch) -> np.ndarray:
-        return self.ring.owners(keys.key_ids())
-
     def base_workers_of_ids(self, key_ids: np.ndarray) -> np.ndarray:
         return self.ring.owners(np.asarray(key_ids, dtype=np.int64))
 

@@ -567,11 +567,7 @@ class GedikScheme(TableScheme):
 
     def lookup(self, key_ids: np.ndarray) -> np.ndarray:
         """Algorithm 1: the explicit map's channel if it has the key, else the ring's."""
-        key_ids = np.asarray(key_ids, dtype=np.int64)
-        return self.table.apply(key_ids, self.ring.owners(key_ids))
-
-    def base_workers(self, keys: KeyBatch) -> np.ndarray:
-        return self.ring.owners(keys.key_ids())
+        return self.workers_of_ids(key_ids)
 
     def base_workers_of_ids(self, key_ids: np.ndarray) -> np.ndarray:
         return self.ring.owners(np.asarray(key_ids, dtype=np.int64))
