@@ -302,8 +302,10 @@ class Controller:
         """Move the state of every drained old worker; complete when all have. True if done."""
         version = self.migrating
         assert version is not None
+        waiting = False
         for worker in self.plane.old_workers(version, self.options.workers):
             moved = self.plane.migrate(version, worker, self.options.sources)
+            waiting |= moved.status < 0  # not drained yet (or not running)
             if moved.status == 1 and self.telemetry is not None:
                 self.telemetry.moved(
                     keys=moved.keys,
@@ -311,7 +313,7 @@ class Controller:
                     state_bytes=moved.state_bytes,
                     held_records=moved.released_records,
                 )
-        if self.plane.old_workers(version, self.options.workers):
+        if waiting:
             return False
         # Completed now, or by a predecessor killed between COMPLETE and noticing it.
         if self.plane.complete(version) or self.plane.current().migrating is None:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import numpy as np
 import pytest
+from worker_batches import batch
 
 from operators import registry
 from operators.base import RoutingTable
@@ -20,7 +21,7 @@ from operators.keys import KeyBatch
 from pipeline.control_plane import ControlPlane, PublishedTable, compact_report
 from pipeline.controller import Controller, ControllerOptions
 from pipeline.records import END_OF_STREAM
-from pipeline.state_store import StateStore, WorkerBatch
+from pipeline.state_store import StateStore
 
 pytestmark = pytest.mark.integration
 
@@ -50,18 +51,7 @@ def apply(
     switches: Mapping[int, int] | None = None,
     marks: Mapping[int, int] | None = None,
 ) -> None:
-    pairs = sorted(counts)
-    batch = WorkerBatch(
-        worker=worker,
-        batch_id=batch_id,
-        windows=np.array([w for w, _ in pairs], dtype=np.int64),
-        keys=KeyBatch.from_bytes([k for _, k in pairs]),
-        counts=np.array([counts[p] for p in pairs], dtype=np.int64),
-        source_watermarks=dict(marks or {}),
-        records=sum(counts.values()),
-        source_versions=dict(switches or {}),
-    )
-    assert store.apply(batch, n_sources=S)
+    assert store.apply(batch(worker, batch_id, counts, marks, switches=switches), n_sources=S)
 
 
 def publish_move(plane: ControlPlane, key: bytes, old: int, new: int, version: int = 1) -> None:

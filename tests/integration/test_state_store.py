@@ -6,16 +6,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 import uuid
-from collections.abc import Mapping
 from pathlib import Path
 
-import numpy as np
 import pytest
+from worker_batches import batch
 
-from operators.keys import KeyBatch
 from pipeline.aggregator import AggregateOptions, Aggregator
 from pipeline.records import END_OF_STREAM
-from pipeline.state_store import StateStore, WorkerBatch
+from pipeline.state_store import StateStore
 
 pytestmark = pytest.mark.integration
 
@@ -23,26 +21,6 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def store(redis) -> StateStore:
     return StateStore(redis, f"test-{uuid.uuid4().hex[:10]}")
-
-
-def batch(
-    worker: int,
-    batch_id: int,
-    counts: Mapping[tuple[int, bytes], int],
-    marks: Mapping[int, int] | None = None,
-    latency: Mapping[int, int] | None = None,
-) -> WorkerBatch:
-    pairs = sorted(counts)
-    return WorkerBatch(
-        worker=worker,
-        batch_id=batch_id,
-        windows=np.array([w for w, _ in pairs], dtype=np.int64),
-        keys=KeyBatch.from_bytes([k for _, k in pairs]),
-        counts=np.array([counts[p] for p in pairs], dtype=np.int64),
-        source_watermarks=dict(marks or {}),
-        records=sum(counts.values()),
-        latency=dict(latency or {}),
-    )
 
 
 def test_apply_is_idempotent_per_worker_and_batch(store: StateStore) -> None:

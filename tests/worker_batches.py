@@ -1,0 +1,35 @@
+"""A worker's micro-batch for tests of the Redis window state, written as counts per
+(window, key) -- what a Spark task hands :meth:`pipeline.state_store.StateStore.apply`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from operators.keys import KeyBatch
+from pipeline.state_store import WorkerBatch
+
+
+def batch(
+    worker: int,
+    batch_id: int,
+    counts: Mapping[tuple[int, bytes], int],
+    marks: Mapping[int, int] | None = None,
+    latency: Mapping[int, int] | None = None,
+    switches: Mapping[int, int] | None = None,
+) -> WorkerBatch:
+    """Batch ``batch_id`` of ``worker``: ``counts`` per (window, key), each source's highest
+    watermark (``marks``) and table switch (``switches``), a latency histogram."""
+    pairs = sorted(counts)
+    return WorkerBatch(
+        worker=worker,
+        batch_id=batch_id,
+        windows=np.array([w for w, _ in pairs], dtype=np.int64),
+        keys=KeyBatch.from_bytes([k for _, k in pairs]),
+        counts=np.array([counts[p] for p in pairs], dtype=np.int64),
+        source_watermarks=dict(marks or {}),
+        records=sum(counts.values()),
+        latency=dict(latency or {}),
+        source_versions=dict(switches or {}),
+    )
