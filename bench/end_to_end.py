@@ -2,7 +2,7 @@
 
 ``skewer bench e2e`` runs the whole live pipeline once per scheme -- ``skewer produce``,
 ``group``, ``work`` (its own Spark application) and ``aggregate`` as subprocesses, exactly as
-``skewer demo`` does (``pipeline.orchestrator.run_pipeline``) -- on the same stream (Zipf
+``skewer demo`` does (``pipeline.runs.orchestrator.run_pipeline``) -- on the same stream (Zipf
 z = 1.2, W = 8 workers, S = 2 sources) and writes one table into
 ``bench/results/end_to_end.md``.
 
@@ -173,7 +173,8 @@ def run(
     log: Callable[[str], None] = lambda _line: None,
 ) -> ExperimentResult:
     """One pipeline run per scheme (the services must answer), then the table."""
-    from pipeline import config, orchestrator
+    from pipeline.io import config
+    from pipeline.runs import orchestrator
 
     settings = config.load()
     base = orchestrator.RunPlan(

@@ -1,6 +1,6 @@
 """Throughput of the grouping stage against a plain consume-and-produce passthrough.
 
-``python -m bench.grouping_stage`` writes ``bench/results/grouping_stage.md`` (and ``.json``),
+``python -m bench.grouping_stage`` writes ``bench/results/grouping.md`` (and ``.json``),
 headed by the command and the machine (:func:`bench.harness.header`). Needs a running broker
 and Redis (``skewer services up``).
 
@@ -13,7 +13,7 @@ source over the whole partition from offset 0, with its own consumer group and
   producer settings, same batch size, one transaction per batch with the consumed offset,
   the same Redis counter update per batch) whose batch step only forwards each consumed
   record's key and value to partition ``i mod W``: no decoding, validation or routing.
-- **a scheme**: :class:`~pipeline.grouping_stage.GroupingSource` itself (decode, validate,
+- **a scheme**: :class:`~pipeline.stages.grouping.GroupingSource` itself (decode, validate,
   route with the scheme object, re-encode, markers).
 
 Both stop when they have consumed every input record; the rate is records divided by the
@@ -45,8 +45,9 @@ from typing import Any
 import numpy as np
 
 from operators import registry
-from pipeline import config, grouping_stage, kafka_io
-from pipeline.grouping_stage import BatchOutput, GroupingSource, SourceWatermark, StageConfig
+from pipeline.io import config, kafka_io
+from pipeline.stages import grouping
+from pipeline.stages.grouping import BatchOutput, GroupingSource, SourceWatermark, StageConfig
 
 TARGET_RATIO = 0.8
 WORKLOAD = "zipf:z=1.2,keys=100000,seed=0"
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.grouping_stage", description=__doc__)
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=grouping_stage.DEFAULT_BATCH_SIZE)
+    parser.add_argument("--batch-size", type=int, default=grouping.DEFAULT_BATCH_SIZE)
     parser.add_argument("--schemes", nargs="+", default=live_schemes())
     parser.add_argument("--repeats", type=int, default=3, help="pairs per scheme (median)")
     parser.add_argument("--out", type=Path, default=harness.RESULTS_DIR)
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         f"(one `keys` partition), batches of {args.batch_size:,} records, one Kafka "
         "transaction per batch. Each scheme is measured back to back with a passthrough that "
         "runs the same loop, clients, transactions and Redis counter update but forwards the "
-        "records unread (see the module docstring of `bench/grouping_stage.py`), "
+        "records unread (see the module docstring of `bench/grouping.py`), "
         f"{args.repeats} pairs per scheme with alternating order; the ratio divides the "
         "scheme's rate by its own pair's passthrough, and the table shows the pair with the "
         "median ratio. Wall-clock rates: the machine is shared (2 cores), so absolute numbers "
@@ -306,11 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args.out.mkdir(parents=True, exist_ok=True)
     title = "Grouping stage throughput vs a consume-and-produce passthrough"
-    (args.out / "grouping_stage.md").write_text(
+    (args.out / "grouping.md").write_text(
         harness.header(title, command.strip(), info, seconds) + body, "utf-8"
     )
-    (args.out / "grouping_stage.json").write_text(json.dumps(data, indent=1) + "\n", "utf-8")
-    print(f"written: {args.out / 'grouping_stage.md'}")
+    (args.out / "grouping.json").write_text(json.dumps(data, indent=1) + "\n", "utf-8")
+    print(f"written: {args.out / 'grouping.md'}")
     return 0
 
 

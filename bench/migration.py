@@ -5,14 +5,14 @@ simulator, and how long records of moved keys are held back (issue 5's speed sec
 
 1. *Planning on the controller's path* for 10^6 tracked keys at N = 10 workers: the merge of
    two sources' statistics (:meth:`KeyStatistics.merge`), the tolerance check, the scheme's
-   pure ``plan`` and the moves per old worker -- everything :meth:`pipeline.controller.
+   pure ``plan`` and the moves per old worker -- everything :meth:`pipeline.stages.controller.
    Controller.close_round` does between reading the reports and the one MULTI that publishes.
    Zipf z = 1.0 frequencies over 10^6 keys whose current assignment is the base hash.
 2. *Live runs*, one per routing-table scheme, of the whole pipeline with the controller
-   (``pipeline.orchestrator``, as ``skewer demo`` runs it) on a drifting stream -- Fang et al.'s
-   fluctuation, the hot keys change four times -- paced at ``RATE`` records/s with a controller
-   round every ``INTERVAL`` s; and the simulator (:func:`operators.simulator.simulate`) on the
-   same stream with a controller round every ``RATE x INTERVAL`` records, the live round's
+   (``pipeline.runs.orchestrator``, as ``skewer demo`` runs it) on a drifting stream -- Fang
+   et al.'s fluctuation, the hot keys change four times -- paced at ``RATE`` records/s with a
+   controller round every ``INTERVAL`` s; and the simulator (:func:`operators.simulator.simulate`)
+   on the same stream with a controller round every ``RATE x INTERVAL`` records, the live round's
    size.
 
 Figures per scheme. *Migrated state*: live, the state entries the MIGRATE scripts moved over the
@@ -60,7 +60,7 @@ def planning_seconds(
     from bench.speed import Clock, planning_statistics
     from operators import registry
     from operators.base import KeyStatistics
-    from pipeline.controller import moves_by_old_worker
+    from pipeline.stages.controller import moves_by_old_worker
 
     def one_round(n: int) -> tuple[float, int]:
         planner = registry.create(scheme, n_workers)
@@ -93,8 +93,8 @@ def planning_seconds(
 
 def live_run(scheme: str, settings: Any, interval: float) -> dict[str, Any]:
     """One live run of ``scheme`` with its controller; its migrations and intervals."""
-    from pipeline import orchestrator
-    from pipeline.control_plane import ControlPlane
+    from pipeline.runs import orchestrator
+    from pipeline.stages.control_plane import ControlPlane
 
     plan = orchestrator.RunPlan(
         scheme=scheme,
@@ -213,7 +213,7 @@ def run(
 ) -> ExperimentResult:
     """One live run and one simulation per scheme; ``migration.md`` at the default interval,
     ``migration_{interval}s.md`` at another."""
-    from pipeline import config
+    from pipeline.io import config
 
     settings = config.load()
     load_average = " ".join(f"{x:.2f}" for x in os.getloadavg())

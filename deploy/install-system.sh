@@ -5,7 +5,7 @@
 # Idempotent: when every command is already on PATH it does nothing, not even `apt-get update`.
 # The packages' own daemons are never started: a policy-rc.d that answers 101 ("action
 # forbidden") is in place during the install, and skewer runs its own processes bound to
-# 127.0.0.1 (pipeline/services.py).
+# 127.0.0.1 (pipeline/services/).
 set -euo pipefail
 
 declare -A package_of=(

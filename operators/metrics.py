@@ -33,6 +33,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numba
 import numpy as np
 
@@ -49,6 +51,20 @@ def max_avg_ratio(loads: np.ndarray) -> np.ndarray | float:
     mean = loads.mean(axis=-1)
     safe = np.where(mean > 0, mean, 1.0)
     return np.where(mean > 0, loads.max(axis=-1) / safe, 1.0)
+
+
+def load_figures(loads: Sequence[int]) -> tuple[float, float, float]:
+    """``(I, I / Σ L, λ)`` of one vector of loads, as the live pipeline reports them: all 0.0
+    before any load (a dashboard shows no imbalance rather than a perfect λ = 1 of nothing).
+
+    >>> load_figures([30, 10, 10, 10]), load_figures([0, 0])
+    ((15.0, 0.25, 2.0), (0.0, 0.0, 0.0))
+    """
+    total = sum(int(x) for x in loads)
+    if not total:
+        return 0.0, 0.0, 0.0
+    value = float(imbalance(np.asarray(loads)))
+    return value, value / total, float(max_avg_ratio(np.asarray(loads)))
 
 
 def checkpoint_positions(records: int, count: int) -> np.ndarray:

@@ -17,7 +17,7 @@ event time. Either way event time never decreases within a producer.
 Watermarks. Each producer tells the stage how far its event time has got with INPUT records
 of kind WATERMARK (empty key) in its own partition: one just before its first record of each
 new window (``time_ms = that window's start - 1``: everything up to there is sent), and a
-last one at :data:`~pipeline.records.END_OF_STREAM`. A watermark's ``seq`` is the number of
+last one at :data:`~pipeline.io.records.END_OF_STREAM`. A watermark's ``seq`` is the number of
 DATA records its producer sent before it (the last one's is the producer's total).
 
 Ground truth. Before sending, the count of every (key, window) is added (HINCRBY) to Redis
@@ -51,8 +51,8 @@ import numpy as np
 
 from operators.keys import KeyBatch
 from operators.schemes.hashing import FIRST_SEED
-from pipeline import kafka_io
-from pipeline.records import END_OF_STREAM, Kind, encode_input, window_start
+from pipeline.io import kafka_io
+from pipeline.io.records import END_OF_STREAM, Kind, encode_input, window_start
 
 if TYPE_CHECKING:
     import redis

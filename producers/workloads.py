@@ -42,6 +42,7 @@ import numba
 import numpy as np
 
 from operators.keys import KeyBatch, choice_from_hash
+from operators.params import split_assignments
 from operators.schemes.hashing import FIRST_SEED
 
 
@@ -638,6 +639,9 @@ class File(Workload):
         return batch
 
 
+#: The stream ``skewer produce`` and ``skewer demo`` write unless told otherwise.
+DEFAULT_WORKLOAD = "zipf:z=1.2,keys=100000,seed=0"
+
 #: Workload name -> class: the valid names of a spec.
 WORKLOADS: dict[str, type[Workload]] = {
     cls.name: cls for cls in (Zipf, LogNormal, Drift, Words, File)
@@ -652,13 +656,8 @@ def parse(spec: str) -> Workload:
         raise WorkloadError(
             f"unknown workload {name.strip()!r}; valid workloads: {', '.join(WORKLOADS)}"
         )
-    raw: dict[str, str] = {}
-    for item in rest.split(",") if rest.strip() else []:
-        key, equals, value = item.partition("=")
-        key = key.strip()
-        if not equals or not key:
-            raise WorkloadError(f"{cls.name}: expected key=value, got {item.strip()!r}")
-        if key in raw:
-            raise WorkloadError(f"{cls.name}: parameter {key} given twice")
-        raw[key] = value.strip()
+    try:
+        raw = split_assignments(rest.split(",") if rest.strip() else [])
+    except ValueError as error:
+        raise WorkloadError(f"{cls.name}: {error}") from None
     return cls.from_params(raw)

@@ -4,8 +4,8 @@ Two backends, the same tests, nothing mocked:
 
 - ``docker``: testcontainers (Confluent's cp-kafka in KRaft mode, redis, prom/prometheus) when a
   Docker engine answers a ping within 2 s;
-- ``native``: skewer's own native services (:mod:`pipeline.services`), started on first use if
-  they are not running, and stopped at the end of the session only if a test session started
+- ``native``: skewer's own native services (:mod:`pipeline.services.manager`), started on first
+  use if they are not running, and stopped at the end of the session only if a test session started
   them and no other test session still uses them (leases; services started with
   ``skewer services up`` are never stopped by tests).
 
@@ -25,7 +25,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from pipeline import config, services
+from pipeline.io import config, kafka_io, probes
+from pipeline.services import manager, process
 
 if TYPE_CHECKING:
     import redis as redis_module
@@ -68,7 +69,7 @@ def _choose_backend() -> tuple[str, str]:
 
 
 class NativeBackend:
-    """Skewer's native services, under a lease of this test session (:func:`services.acquire`).
+    """Skewer's native services, under a lease of this test session (:func:`manager.acquire`).
 
     A service this session (or another test session) had to start is stopped when the last
     session using it ends; one started by ``skewer services up`` keeps running.
@@ -82,7 +83,7 @@ class NativeBackend:
 
     def _ensure(self, name: str) -> None:
         if name not in self.leased:
-            services.acquire(self.settings, [name])
+            manager.acquire(self.settings, [name])
             self.leased.append(name)
 
     def kafka_bootstrap(self) -> str:
@@ -99,7 +100,7 @@ class NativeBackend:
 
     def close(self) -> None:
         if self.leased:
-            services.release(self.settings, self.leased)
+            manager.release(self.settings, self.leased)
 
 
 class DockerBackend:
@@ -137,7 +138,7 @@ class DockerBackend:
             self._containers["prometheus"] = container
             url = self._prometheus_url(container)
             deadline = time.monotonic() + 60
-            while not services.prometheus_answers(url):
+            while not probes.prometheus_answers(url):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"prometheus container not ready at {url}")
                 time.sleep(0.5)
@@ -235,7 +236,7 @@ def claim_test_database(claims: redis_module.Redis) -> int:
     for database in TEST_REDIS_DBS:
         key = TEST_DB_CLAIM.format(database)
         holder = claims.get(key)
-        if holder is not None and not services.process_alive(int(holder)):
+        if holder is not None and not process.process_alive(int(holder)):
             claims.delete(key)  # a session killed before it could release its claim
         if claims.set(key, os.getpid(), nx=True, ex=86_400):
             return database
@@ -257,7 +258,7 @@ def prometheus(service_backend: NativeBackend | DockerBackend) -> str:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
     """A local SparkSession with Spark's Kafka source on its classpath."""
-    from pipeline.spark_session import build_spark_session
+    from pipeline.io.spark_session import build_spark_session
 
     session = build_spark_session("skewer-tests", shuffle_partitions=2)
     try:
@@ -282,9 +283,9 @@ def create_topic(kafka: str) -> Iterator[Callable[[str, int], str]]:
     created: list[str] = []
 
     def create(name: str, partitions: int) -> str:
-        services.create_topic(kafka, name, partitions)
+        kafka_io.ensure_topic(kafka, name, partitions)
         created.append(name)
         return name
 
     yield create
-    services.delete_topics(kafka, created)
+    kafka_io.delete_topics(kafka, created)

@@ -2,11 +2,12 @@
 streaming query in the test session's shared Spark application (the ``spark`` fixture).
 
 Spark's start-up (a JVM, then Python workers) dominates a short run, so tests that run several
-pipelines give each its own query in one Spark application -- :func:`pipeline.worker_job.run`,
-the code ``skewer work`` runs -- while producer, grouping stage, aggregator and controller are
-the real subprocesses (:class:`pipeline.orchestrator.Pipeline`). Each run keeps its own topics,
-Redis keys and checkpoint, and each query reads only its own run's ``work`` topic with one task
-per partition, so partition w is still worker w.
+pipelines give each its own query in one Spark application --
+:func:`pipeline.stages.worker_job.run`, the code ``skewer work`` runs -- while producer, grouping
+stage, aggregator and controller are the real subprocesses
+(:class:`pipeline.runs.orchestrator.Pipeline`). Each run keeps its own topics, Redis keys and
+checkpoint, and each query reads only its own run's ``work`` topic with one task per partition,
+so partition w is still worker w.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pipeline import config
-from pipeline.orchestrator import Pipeline, RunPlan
+from pipeline.io import config
+from pipeline.runs.orchestrator import Pipeline, RunPlan
 
 #: Seconds the stages of one run may take (several share two cores).
 RUN_TIMEOUT = 300.0
@@ -51,7 +52,7 @@ def shared_spark_run(
 
     ``during(pipeline)`` runs once every stage has started (a fault test's kill).
     """
-    from pipeline import worker_job
+    from pipeline.stages import worker_job
 
     failure: list[BaseException] = []
 

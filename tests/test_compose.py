@@ -15,7 +15,7 @@ builder would reject is checked here instead, against the real files:
   ``promtool check config`` (with the shared recording rules next to it);
 - deploy/Dockerfile: pinned base images, COPY sources present and not excluded by
   .dockerignore, a non-root user, ``ENTRYPOINT ["skewer"]``, and paths that agree with
-  pipeline/config.py and the compose volumes.
+  pipeline/io/config.py and the compose volumes.
 
 When the Docker CLI has its compose plugin, ``docker compose config -q`` validates the file too.
 
@@ -47,9 +47,11 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from pipeline import config, grouping_stage, kafka_io
-from pipeline.cli import build_parser
-from pipeline.commands import demo, produce
+from pipeline.cli import demo
+from pipeline.cli.app import build_parser
+from pipeline.io import config, kafka_io
+from pipeline.stages import grouping
+from producers.workloads import DEFAULT_WORKLOAD
 
 ROOT = config.PROJECT_ROOT
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -573,7 +575,7 @@ def test_skewer_services_agree_on_the_run(compose: dict[str, Any]) -> None:
         "producer": 2,
     }
     producer = parsed["producer"]
-    assert producer.workload == produce.DEFAULT_WORKLOAD
+    assert producer.workload == DEFAULT_WORKLOAD
     assert (producer.records, producer.rate) == (10_000_000, 2000.0)
     assert parsed["group"].scheme is None, "the grouping stage reads GROUPING_SCHEME"
     assert parsed["work"].checkpoint is None, "the default checkpoint lies on the volume"
@@ -610,7 +612,7 @@ def test_the_default_scheme_runs_live(variables: dict[str, list[VariableUse]]) -
     defaults = _defaults(variables)
     scheme = defaults["GROUPING_SCHEME"]
     assert scheme == demo.DEFAULT_SCHEME == "pkg"
-    stage = grouping_stage.StageConfig(
+    stage = grouping.StageConfig(
         bootstrap=config.DEFAULT_KAFKA_BOOTSTRAP,
         redis_url=config.DEFAULT_REDIS_URL,
         names=kafka_io.RunNames(defaults["RUN_ID"], f"{defaults['RUN_ID']}-"),
@@ -619,7 +621,7 @@ def test_the_default_scheme_runs_live(variables: dict[str, list[VariableUse]]) -
         n_sources=int(defaults["SOURCES"]),
     )
     for source in range(stage.n_sources):
-        assert grouping_stage.create_scheme(stage, source).name == scheme
+        assert grouping.create_scheme(stage, source).name == scheme
 
 
 def test_switching_run_id_switches_every_topic(raw: dict[str, Any]) -> None:
@@ -872,7 +874,7 @@ def test_dockerignore_semantics() -> None:
     assert ignore.excludes("__pycache__/x.pyc")
     assert ignore.excludes(".cache/spark-jars/kafka.jar")
     assert ignore.excludes("tests/test_compose.py") and not ignore.excludes("tests/keep.py")
-    assert not ignore.excludes("pipeline/config.py")
+    assert not ignore.excludes("pipeline/io/config.py")
 
 
 def test_dockerfile_base_images_are_pinned() -> None:
@@ -947,7 +949,7 @@ def test_dockerfile_paths_agree_with_the_config_and_the_volumes(compose: dict[st
     jar_targets = [target for flags, _, target in copies if flags.get("from") == "spark-jars"]
     assert jar_targets == [str(settings.spark_jars_dir)]
     # The jar stage fetches with the project's own code, which writes the marker that makes
-    # `skewer work` use the jars without Maven (pipeline.services._maven_copy).
+    # `skewer work` use the jars without Maven (pipeline.services.native._maven_copy).
     jar_stage = next(stage for stage in stages if stage.name == "spark-jars")
     assert any("services.ensure_spark_jars()" in run for run in jar_stage.all("RUN"))
     assert _env(stages, stages.index(jar_stage))[config.ENV_CACHE_DIR] == str(settings.cache_dir)

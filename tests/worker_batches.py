@@ -1,5 +1,5 @@
 """A worker's micro-batch for tests of the Redis window state, written as counts per
-(window, key) -- what a Spark task hands :meth:`pipeline.state_store.StateStore.apply`."""
+(window, key) -- what a Spark task hands :meth:`pipeline.io.state_store.StateStore.apply`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from operators.keys import KeyBatch
-from pipeline.state_store import WorkerBatch
+from pipeline.io.state_store import WorkerBatch
 
 
 def batch(

@@ -1,7 +1,7 @@
 """Every PromQL query of every Grafana panel, run against a real Prometheus that scraped live runs.
 
 Two short paced runs of the live pipeline go one after the other through the orchestrator API
-(:func:`pipeline.orchestrator.run_pipeline`, the code ``skewer demo`` runs): scheme ``pkg`` and
+(:func:`pipeline.runs.orchestrator.run_pipeline`, the code ``skewer demo`` runs): scheme ``pkg`` and
 the routing-table scheme ``mixed`` (the orchestrator adds ``skewer control`` for it) on the same
 drifting workload, paced to last ~30 s so that the recording rules' ``rate(...[1m])`` windows
 get many samples. Every stage's exporter announces itself to the native Prometheus (the
@@ -42,8 +42,8 @@ from grafana_dashboards import (
     variable_query,
 )
 
-from pipeline import config
-from pipeline.orchestrator import RunPlan, new_run_id, run_pipeline
+from pipeline.io import config
+from pipeline.runs.orchestrator import RunPlan, new_run_id, run_pipeline
 
 pytestmark = pytest.mark.integration
 

@@ -24,9 +24,11 @@ from typing import Any
 import mmh3
 import pytest
 
-from pipeline import cli, config, kafka_io, services
-from pipeline.commands.demo import ProgressPrinter
-from pipeline.orchestrator import Progress, RunPlan, imbalance, max_avg
+from operators.metrics import load_figures
+from pipeline.cli import app
+from pipeline.cli.demo import ProgressPrinter
+from pipeline.io import config, kafka_io, probes
+from pipeline.runs.orchestrator import Progress, RunPlan
 
 WORKLOAD = "zipf:z=1.2,keys=100000,seed=0"
 
@@ -51,7 +53,7 @@ def test_demo_pkg_100000_verify_json_is_exact_and_reports_the_contract_fields(
 ) -> None:
     from producers.workloads import parse
 
-    code = cli.main(["demo", "--scheme", "pkg", "--records", "100000", "--verify", "--json"])
+    code = app.main(["demo", "--scheme", "pkg", "--records", "100000", "--verify", "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     report = json.loads(captured.out)
@@ -153,23 +155,23 @@ def test_an_existing_run_is_refused_and_left_alone(
     settings: config.Settings, kafka: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_id = f"demo-taken-{uuid.uuid4().hex[:6]}"
-    services.create_topic(kafka, f"{run_id}-work", 3)
+    kafka_io.ensure_topic(kafka, f"{run_id}-work", 3)
     try:
-        assert cli.main(["demo", "--records", "10", "--run-id", run_id, "--quiet"]) == 1
+        assert app.main(["demo", "--records", "10", "--run-id", run_id, "--quiet"]) == 1
         assert capsys.readouterr().err == (
             f"skewer demo: error: run '{run_id}' exists already (topic '{run_id}-work'); "
             "use another --run-id and --topic-prefix\n"
         )
         assert kafka_io.topic_partitions(kafka, f"{run_id}-work") == 3
     finally:
-        services.delete_topics(kafka, [f"{run_id}-work"])
+        kafka_io.delete_topics(kafka, [f"{run_id}-work"])
 
 
 @pytest.mark.integration
 def test_a_service_that_does_not_answer_is_started_for_the_run_and_stopped_after(
     kafka: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline.orchestrator import ensure_services
+    from pipeline.runs.orchestrator import ensure_services
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -179,19 +181,19 @@ def test_a_service_that_does_not_answer_is_started_for_the_run_and_stopped_after
     monkeypatch.setenv(config.ENV_KAFKA_BOOTSTRAP, kafka)
     monkeypatch.setenv(config.ENV_REDIS_URL, f"redis://127.0.0.1:{port}/0")
     settings = config.load()
-    assert not services.redis_answers(settings.redis_url)
+    assert not probes.redis_answers(settings.redis_url)
     lease = ensure_services(settings, start=True)
     try:
         assert lease.started == ["redis"] and lease.leased == ["redis"]
-        assert services.redis_answers(settings.redis_url)
+        assert probes.redis_answers(settings.redis_url)
     finally:
         lease.release()
-    assert not services.redis_answers(settings.redis_url)
+    assert not probes.redis_answers(settings.redis_url)
 
 
 @pytest.mark.integration
 def test_a_failing_stage_stops_the_run_with_its_own_error_line(settings: config.Settings) -> None:
-    from pipeline.orchestrator import Pipeline, StageFailedError
+    from pipeline.runs.orchestrator import Pipeline, StageFailedError
 
     plan = RunPlan(
         scheme="key", records=10, workers=2, sources=1, run_id=f"demo-fail-{uuid.uuid4().hex[:6]}"
@@ -215,14 +217,14 @@ def test_a_failing_stage_stops_the_run_with_its_own_error_line(settings: config.
 
 
 def test_demo_rejects_an_unknown_scheme_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["demo", "--scheme", "nope", "--records", "10"]) == 2
+    assert app.main(["demo", "--scheme", "nope", "--records", "10"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1
     assert error.startswith("skewer demo: error: unknown scheme 'nope'; valid schemes: key, ")
 
 
 def test_demo_rejects_a_simulator_only_scheme(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["demo", "--scheme", "pkg-global", "--records", "10"]) == 2
+    assert app.main(["demo", "--scheme", "pkg-global", "--records", "10"]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1
     assert "pkg-global reads global state no live source has" in error
@@ -241,7 +243,7 @@ def test_demo_rejects_a_simulator_only_scheme(capsys: pytest.CaptureFixture[str]
 def test_demo_rejects_bad_numbers(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli.main(["demo", *argv]) == 2
+    assert app.main(["demo", *argv]) == 2
     assert capsys.readouterr().err == f"skewer demo: error: {message}\n"
 
 
@@ -249,7 +251,7 @@ def test_demo_uses_grouping_scheme_from_the_environment(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("GROUPING_SCHEME", "not-a-scheme")
-    assert cli.main(["demo", "--records", "10"]) == 2
+    assert app.main(["demo", "--records", "10"]) == 2
     assert "unknown scheme 'not-a-scheme'" in capsys.readouterr().err
 
 
@@ -258,7 +260,7 @@ def test_demo_with_an_unreachable_broker_is_one_line_and_exit_1(
 ) -> None:
     # Port 1 on the loopback address: nothing listens there; --no-start: do not start one.
     monkeypatch.setenv(config.ENV_KAFKA_BOOTSTRAP, "127.0.0.1:1")
-    assert cli.main(["demo", "--records", "10", "--no-start"]) == 1
+    assert app.main(["demo", "--records", "10", "--no-start"]) == 1
     assert capsys.readouterr().err == (
         "skewer demo: error: kafka does not answer at 127.0.0.1:1 (--no-start); "
         "start it: skewer services up\n"
@@ -270,7 +272,7 @@ def test_a_remote_broker_that_does_not_answer_is_never_started(
 ) -> None:
     # TEST-NET-1 (RFC 5737): not ours, so not ours to start either.
     monkeypatch.setenv(config.ENV_KAFKA_BOOTSTRAP, "192.0.2.1:9092")
-    assert cli.main(["demo", "--records", "10"]) == 1
+    assert app.main(["demo", "--records", "10"]) == 1
     assert capsys.readouterr().err == (
         "skewer demo: error: kafka does not answer at 192.0.2.1:9092; "
         "start it: skewer services up\n"
@@ -311,9 +313,8 @@ def test_plan_commands_and_balance_figures() -> None:
     )
     assert mixed.stage_config(config.load()).params == {"theta_max": 0.1}
     # I = max - avg and lambda = max / avg (PKG §II), by hand: loads 6, 2, 1 -> avg 3.
-    assert imbalance([6, 2, 1]) == 3.0
-    assert max_avg([6, 2, 1]) == 2.0
-    assert max_avg([0, 0]) == 0.0
+    assert load_figures([6, 2, 1]) == (3.0, 3.0 / 9, 2.0)
+    assert load_figures([0, 0]) == (0.0, 0.0, 0.0)
 
 
 def test_progress_lines() -> None:

@@ -5,10 +5,10 @@ shuffle, pkg, d-choices, w-choices, fish and consistent; every final (key, windo
 equal the ground truth. How it stays within budget: Spark's start-up (a JVM, then Python
 workers) dominates, so the seven runs share one Spark application -- the test session's
 ``spark`` fixture -- and run side by side, one streaming query per scheme
-(:func:`pipeline.worker_job.run`, the code ``skewer work`` runs). Each run keeps its own
+(:func:`pipeline.stages.worker_job.run`, the code ``skewer work`` runs). Each run keeps its own
 topics, Redis keys and checkpoint, and each query reads only its own run's ``work`` topic with
 one task per partition, so partition w is still worker w of that scheme; producer, grouping
-stage and aggregator are the real ``skewer`` subprocesses (:class:`pipeline.orchestrator.
+stage and aggregator are the real ``skewer`` subprocesses (:class:`pipeline.runs.orchestrator.
 Pipeline`). ``skewer work`` itself, its own JVM and its checkpoint restart are exercised by
 the fault test and the demo test.
 
@@ -32,9 +32,9 @@ import numpy as np
 import pytest
 from live_runs import RUN_TIMEOUT, run_of, shared_spark_run
 
-from pipeline import config, kafka_io, records
-from pipeline.orchestrator import Pipeline, RunPlan, RunSummary, new_run_id
-from pipeline.verify import verify_run
+from pipeline.io import config, kafka_io, records
+from pipeline.runs.orchestrator import Pipeline, RunPlan, RunSummary, new_run_id
+from pipeline.runs.verify import verify_run
 
 pytestmark = pytest.mark.integration
 
@@ -200,7 +200,7 @@ def test_bad_records_go_to_dead_letters_and_valid_ones_are_counted_exactly(
     into ``keys``; the producers' truth is computed here with ``Counter``."""
     from confluent_kafka import Producer
 
-    from pipeline import worker_job
+    from pipeline.stages import worker_job
 
     plan = RunPlan(
         scheme="pkg", records=1, workers=4, sources=2, run_id=f"e2e-bad-{new_run_id()[5:]}"
@@ -311,7 +311,7 @@ def test_bad_records_go_to_dead_letters_and_valid_ones_are_counted_exactly(
 
 def test_verification_finds_every_kind_of_difference(redis: Any) -> None:
     """A run whose results differ from the truth in each way verify_run must catch."""
-    from pipeline.state_store import StateStore
+    from pipeline.io.state_store import StateStore
 
     store = StateStore(redis, f"e2e-verify-{new_run_id()[5:]}")
     keys = store.keys

@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 
 from operators.simulator import Router
-from pipeline import grouping_stage, kafka_io
-from pipeline.records import END_OF_STREAM, MAX_KEY_BYTES, Kind, decode_work, encode_input
+from pipeline.io import kafka_io
+from pipeline.io.records import END_OF_STREAM, MAX_KEY_BYTES, Kind, decode_work, encode_input
+from pipeline.stages import grouping
 from producers import kafka_producer
 from producers.workloads import parse
 
@@ -56,8 +57,8 @@ def run_names(kafka: str, redis: object) -> Iterator[kafka_io.RunNames]:
 def stage_config(
     kafka: str, redis_url: str, names: kafka_io.RunNames, scheme: str, workers: int, sources: int,
     batch_size: int = 1_000,
-) -> grouping_stage.StageConfig:  # fmt: skip
-    return grouping_stage.StageConfig(
+) -> grouping.StageConfig:  # fmt: skip
+    return grouping.StageConfig(
         bootstrap=kafka,
         redis_url=redis_url,
         names=names,
@@ -124,8 +125,8 @@ def test_routing_equals_the_simulator(
     workers, sources, records = 5, 2, 30_000
     keys = produce(kafka, redis, run_names, f"zipf:z=1.2,keys=2000,n={records},seed=5", sources)
     config = stage_config(kafka, redis_url, run_names, scheme, workers, sources, batch_size=777)
-    grouping_stage.prepare(config)
-    summaries = [grouping_stage.run_source(config, s) for s in range(sources)]
+    grouping.prepare(config)
+    summaries = [grouping.run_source(config, s) for s in range(sources)]
     assert [s.data for s in summaries] == [15_000, 15_000]
     assert all(s.ended for s in summaries)
 
@@ -219,7 +220,7 @@ def test_bad_input_goes_to_dead_letters_and_valid_records_flow(
     from confluent_kafka import Producer
 
     config = stage_config(kafka, redis_url, run_names, "pkg", workers=3, sources=1)
-    grouping_stage.prepare(config)
+    grouping.prepare(config)
 
     def value(kind: int, time_ms: int, seq: int) -> bytes:
         return encode_input(np.array([time_ms]), np.array([0]), np.array([seq]), Kind(kind))[0]
@@ -252,7 +253,7 @@ def test_bad_input_goes_to_dead_letters_and_valid_records_flow(
         producer.produce(run_names.keys_topic, value=val, key=key, partition=0)
     assert producer.flush(30) == 0
 
-    summary = grouping_stage.run_source(config, 0)
+    summary = grouping.run_source(config, 0)
     assert summary.ended and summary.data == len(good)
     assert summary.dead_letters == {
         "no-key": 2, "key-too-large": 1, "undecodable-value": 3, "wrong-kind": 2,
@@ -296,13 +297,13 @@ def test_a_batch_the_broker_refuses_stops_the_source_without_loss(
     # MAX_KEY_BYTES cannot be written to it
     kafka_io.ensure_topic(kafka, run_names.work_topic, 2)
     config = stage_config(kafka, redis_url, run_names, "key", workers=2, sources=1)
-    grouping_stage.prepare(config)
+    grouping.prepare(config)
     producer = Producer(kafka_io.producer_config(kafka))
     value = encode_input(np.array([1]), np.array([0]), np.array([0]))[0]
     producer.produce(run_names.keys_topic, value=value, key=b"x" * MAX_KEY_BYTES, partition=0)
     assert producer.flush(30) == 0
-    with pytest.raises(grouping_stage.StageError, match="batch at offset 0 failed 3 times"):
-        grouping_stage.run_source(config, 0)
+    with pytest.raises(grouping.StageError, match="batch at offset 0 failed 3 times"):
+        grouping.run_source(config, 0)
     consumer = Consumer(kafka_io.consumer_config(kafka, run_names.consumer_group(0)))
     try:
         committed = consumer.committed([TopicPartition(run_names.keys_topic, 0)], timeout=30)

@@ -22,8 +22,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pipeline import config, services
-from pipeline.orchestrator import Pipeline, RunPlan, imbalance, max_avg, new_run_id
+from operators.metrics import imbalance, max_avg_ratio
+from pipeline.io import config
+from pipeline.runs.orchestrator import Pipeline, RunPlan, new_run_id
+from pipeline.services import manager
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +69,7 @@ class EndpointReader(threading.Thread):
 
     def __init__(self, settings: config.Settings, run_id: str) -> None:
         super().__init__(name="endpoint-reader", daemon=True)
-        self.targets = services.prometheus_targets_dir(settings)
+        self.targets = settings.prometheus_targets_dir
         self.run_id = run_id
         self.served: dict[str, set[str]] = {}
         self.stopping = threading.Event()
@@ -120,7 +122,7 @@ def test_every_stage_exports_and_prometheus_agrees_with_redis(
         pytest.skip("the exporters' file_sd targets are for the native Prometheus")
     # The native Prometheus runs this checkout's configuration (services reloads a stale one).
     loaded = _get_json(f"{prometheus}/api/v1/status/config")["yaml"]
-    assert "job_name: skewer" in loaded and str(services.prometheus_targets_dir(settings)) in loaded
+    assert "job_name: skewer" in loaded and str(settings.prometheus_targets_dir) in loaded
     groups = {g["name"]: g for g in _get_json(f"{prometheus}/api/v1/rules")["groups"]}
     assert len(groups["skewer"]["rules"]) == 7
     assert {rule["health"] for rule in groups["skewer"]["rules"]} <= {"ok", "unknown"}
@@ -189,9 +191,9 @@ def test_every_stage_exports_and_prometheus_agrees_with_redis(
 
     total = sum(loads)
     gauges = {
-        "skewer_imbalance_records": imbalance(loads),
-        "skewer_imbalance_fraction": imbalance(loads) / total,
-        "skewer_load_max_over_avg": max_avg(loads),
+        "skewer_imbalance_records": float(imbalance(loads)),
+        "skewer_imbalance_fraction": float(imbalance(loads)) / total,
+        "skewer_load_max_over_avg": float(max_avg_ratio(loads)),
     }
     for name, expected in gauges.items():
         assert [value for _, value in last(f'{name}{{run="{run}"}}')] == [expected], name
@@ -236,13 +238,15 @@ def test_worker_and_aggregator_collectors_read_the_runs_redis_state(
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    from pipeline import metrics
-    from pipeline.records import END_OF_STREAM
-    from pipeline.state_store import RunKeys
+    from pipeline.io.records import END_OF_STREAM
+    from pipeline.io.state_store import RunKeys
+    from pipeline.observe import aggregator as aggregator_metrics
+    from pipeline.observe import series
+    from pipeline.observe import workers as worker_metrics
 
     run = new_run_id()
     keys = RunKeys(run)
-    labels = metrics.RunLabels(run, "key")
+    labels = series.RunLabels(run, "key")
     redis.hset(keys.stats("records"), mapping={0: 40, 2: 10})  # worker 1: nothing yet
     redis.hset(keys.stats("batches"), mapping={0: 2, 1: 1, 2: 1})
     redis.hset(keys.stats("late"), mapping={2: 3})
@@ -255,8 +259,8 @@ def test_worker_and_aggregator_collectors_read_the_runs_redis_state(
     totals = {"windows": 2, "records": 50, "state_entries": 9, "distinct_keys": 6}
     redis.hset(keys.stats("windows"), mapping=totals)
     redis.mset({keys.wm(0): 19_999, keys.wm(1): 29_999, keys.wm(2): 9_999})
-    workers = metrics.WorkerCollector(labels, 3, settings.redis_url, lag=lambda: [0, 2, 1])
-    aggregator = metrics.AggregatorCollector(labels, 3, settings.redis_url)
+    workers = worker_metrics.WorkerCollector(labels, 3, settings.redis_url, lag=lambda: [0, 2, 1])
+    aggregator = aggregator_metrics.AggregatorCollector(labels, 3, settings.redis_url)
     try:
         got = _collected(workers)
         w = [(("worker", str(i)),) for i in range(3)]
@@ -287,7 +291,7 @@ def test_worker_and_aggregator_collectors_read_the_runs_redis_state(
         workers.client = redis_module.Redis(port=1, socket_connect_timeout=0.5, retry=no_retries)
         assert list(workers.collect()) == []
         assert list(workers.collect()) == []
-        errors = metrics.EXPORTER_ERRORS.labels(**labels.of(stage="work"))._value.get()
+        errors = series.EXPORTER_ERRORS.labels(**labels.of(stage="work"))._value.get()
         assert errors == 2
         lines = capsys.readouterr().err.splitlines()
         assert len(lines) == 1 and lines[0].startswith(
@@ -305,7 +309,8 @@ def test_work_topic_lag_is_end_offset_minus_committed(
 ) -> None:
     from confluent_kafka import Producer
 
-    from pipeline import kafka_io, metrics
+    from pipeline.io import kafka_io
+    from pipeline.observe import workers as worker_metrics
 
     topic = create_topic(topic_name, 3)
     producer = Producer(kafka_io.producer_config(kafka))
@@ -316,7 +321,7 @@ def test_work_topic_lag_is_end_offset_minus_committed(
     checkpoint = tmp_path / "checkpoint"
     (checkpoint / "offsets").mkdir(parents=True)
     (checkpoint / "commits").mkdir()
-    lag = metrics.WorkTopicLag(kafka, topic, 3, checkpoint)
+    lag = worker_metrics.WorkTopicLag(kafka, topic, 3, checkpoint)
     try:
         assert lag() == [5, 3, 0]  # nothing committed: everything is behind
         (checkpoint / "offsets" / "4").write_text(f'v1\n{{}}\n{{"{topic}":{{"0":2,"1":3}}}}')
@@ -345,9 +350,9 @@ def test_services_up_reloads_a_running_prometheus_with_a_stale_configuration(
     )
     url = settings.prometheus_url
     try:
-        [state] = services.up(settings, ["prometheus"])
+        [state] = manager.up(settings, ["prometheus"])
         assert state.state == "started"
-        [prometheus] = services.native_services(settings, ["prometheus"])
+        [prometheus] = manager.native_services(settings, ["prometheus"])
         old = "global:\n  scrape_interval: 5s\nscrape_configs:\n  - job_name: old\n"
         prometheus.config_path.write_text(old)
         os.kill(state.pid, signal.SIGHUP)  # type: ignore[arg-type]
@@ -357,7 +362,7 @@ def test_services_up_reloads_a_running_prometheus_with_a_stale_configuration(
             time.sleep(0.2)
         assert _get_json(f"{url}/api/v1/rules")["groups"] == []
 
-        [again] = services.up(settings, ["prometheus"])
+        [again] = manager.up(settings, ["prometheus"])
         assert (again.state, again.pid) == ("running", state.pid)  # the same process, reloaded
         loaded = _get_json(f"{url}/api/v1/status/config")["yaml"]
         assert "job_name: skewer" in loaded and "job_name: old" not in loaded
@@ -366,4 +371,4 @@ def test_services_up_reloads_a_running_prometheus_with_a_stale_configuration(
         assert (group["name"], len(group["rules"])) == ("skewer", 7)
         assert prometheus.write_config() is False  # up to date: the next `up` reloads nothing
     finally:
-        services.down(settings, ["prometheus"])
+        manager.down(settings, ["prometheus"])

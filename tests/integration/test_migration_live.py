@@ -29,9 +29,9 @@ from live_runs import shared_spark_run
 
 from operators import registry
 from operators.base import KeyStatistics
-from pipeline import config, kafka_io
-from pipeline.control_plane import ControlPlane
-from pipeline.orchestrator import Pipeline, RunPlan, RunSummary, new_run_id
+from pipeline.io import config, kafka_io
+from pipeline.runs.orchestrator import Pipeline, RunPlan, RunSummary, new_run_id
+from pipeline.stages.control_plane import ControlPlane
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@
 Workers' applies (with TABLE_SWITCH bookkeeping and hold-back), MIGRATE, COMPLETE, the
 aggregator's close of a window with held records, and a controller restarted in the middle of
 a migration -- each with exact counts, so nothing lost and nothing counted twice is checked
-record by record (pipeline/control_plane.py has the protocol and its diagram).
+record by record (pipeline/stages/control_plane.py has the protocol and its diagram).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from worker_batches import batch
 from operators import registry
 from operators.base import RoutingTable
 from operators.keys import KeyBatch
-from pipeline.control_plane import ControlPlane, PublishedTable, compact_report
-from pipeline.controller import Controller, ControllerOptions
-from pipeline.records import END_OF_STREAM
-from pipeline.state_store import StateStore
+from pipeline.io.records import END_OF_STREAM
+from pipeline.io.state_store import StateStore
+from pipeline.stages.control_plane import ControlPlane, PublishedTable, compact_report
+from pipeline.stages.controller import Controller, ControllerOptions
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import cli, config, services
+from pipeline.cli import app
+from pipeline.io import config, probes
+from pipeline.services import manager, process
 
 pytestmark = pytest.mark.integration
 
@@ -36,13 +38,13 @@ def private_services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> config.
     monkeypatch.setenv(config.ENV_PROMETHEUS_URL, f"http://127.0.0.1:{_free_port()}")
     settings = config.load()
     yield settings
-    services.down(settings)  # whatever a failing test left behind
+    manager.down(settings)  # whatever a failing test left behind
 
 
 def _skewer(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[list[str]]]:
     """Exit code and the output lines of ``skewer services ARGS``, split into words."""
     capsys.readouterr()
-    code = cli.main(["services", *args])
+    code = app.main(["services", *args])
     return code, [line.split() for line in capsys.readouterr().out.splitlines()]
 
 
@@ -92,7 +94,7 @@ def test_up_status_down_twice_and_a_killed_broker_comes_back(
     pids = _pids(lines)
     os.kill(pids["kafka"], signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while services.kafka_answers(settings.kafka_bootstrap, timeout=0.5):
+    while probes.kafka_answers(settings.kafka_bootstrap, timeout=0.5):
         assert time.monotonic() < deadline
     code, lines = _skewer(capsys, "status")
     assert code == 1
@@ -111,7 +113,7 @@ def test_up_status_down_twice_and_a_killed_broker_comes_back(
     new_pids = _pids(lines)
     assert new_pids["kafka"] != pids["kafka"]
     assert (new_pids["redis"], new_pids["prometheus"]) == (pids["redis"], pids["prometheus"])
-    assert services.kafka_answers(settings.kafka_bootstrap)
+    assert probes.kafka_answers(settings.kafka_bootstrap)
     code, lines = _skewer(capsys, "down")
     assert code == 0
 
@@ -133,7 +135,7 @@ def test_down_never_kills_a_process_it_did_not_start(
         # A pid file naming a live process whose start time is not the recorded one: the pid
         # was recycled, so the process is not ours.
         settings.run_dir.mkdir(parents=True)
-        ticks = services._start_ticks(bystander.pid)
+        ticks = process.start_ticks(bystander.pid)
         assert ticks is not None
         (settings.run_dir / "redis.pid").write_text(
             f'{{"pid": {bystander.pid}, "start_ticks": {ticks - 1}, "command": ["redis-server"]}}'
@@ -157,7 +159,7 @@ def test_a_service_that_cannot_start_is_one_line_naming_it_and_its_log(
         squatter.bind((settings.redis_host, settings.redis_port))
         squatter.listen()
         capsys.readouterr()
-        code = cli.main(["services", "up", "redis"])
+        code = app.main(["services", "up", "redis"])
         captured = capsys.readouterr()
     assert code == 1
     log_path = settings.run_dir / "redis.log"
@@ -167,14 +169,14 @@ def test_a_service_that_cannot_start_is_one_line_naming_it_and_its_log(
 
 
 def test_unknown_service_name_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["services", "status", "zookeeper"]) == 1
+    assert app.main(["services", "status", "zookeeper"]) == 1
     assert capsys.readouterr().err == (
         "skewer services: unknown service 'zookeeper'; valid services: kafka, redis, prometheus\n"
     )
 
 
 def _state_of(settings: config.Settings, name: str) -> str:
-    [state] = services.status(settings, [name])
+    [state] = manager.status(settings, [name])
     return state.state
 
 
@@ -182,21 +184,21 @@ def test_the_last_test_session_out_stops_what_a_session_started(
     private_services: config.Settings,
 ) -> None:
     settings = private_services
-    [state] = services.acquire(settings, ["redis"])
+    [state] = manager.acquire(settings, ["redis"])
     assert state.state == "started"
     # A second session (here: a live stand-in process) holds a lease on the same Redis.
     other_session = subprocess.Popen(["sleep", "60"])
     try:
-        ticks = services._start_ticks(other_session.pid)
+        ticks = process.start_ticks(other_session.pid)
         (settings.run_dir / "leases" / f"redis.{other_session.pid}.{ticks}").touch()
-        [state] = services.release(settings, ["redis"])
+        [state] = manager.release(settings, ["redis"])
         assert (state.state, _state_of(settings, "redis")) == ("running", "running")
     finally:
         other_session.kill()
         other_session.wait()
     # The other session died without releasing: the next session out stops Redis.
-    assert services.acquire(settings, ["redis"])[0].state == "running"
-    [state] = services.release(settings, ["redis"])
+    assert manager.acquire(settings, ["redis"])[0].state == "running"
+    [state] = manager.release(settings, ["redis"])
     assert (state.state, _state_of(settings, "redis")) == ("stopped", "down")
     assert list((settings.run_dir / "leases").iterdir()) == []
 
@@ -207,12 +209,12 @@ def test_tests_never_stop_what_skewer_services_up_started(
     settings = private_services
     # Started by a user: a test session uses it and leaves it running.
     assert _skewer(capsys, "up", "redis")[0] == 0
-    assert services.acquire(settings, ["redis"])[0].state == "running"
-    assert services.release(settings, ["redis"])[0].state == "running"
+    assert manager.acquire(settings, ["redis"])[0].state == "running"
+    assert manager.release(settings, ["redis"])[0].state == "running"
     assert _state_of(settings, "redis") == "running"
     # Started by a test session, then adopted by a user's `up`: it stays up too.
-    assert services.acquire(settings, ["prometheus"])[0].state == "started"
+    assert manager.acquire(settings, ["prometheus"])[0].state == "started"
     code, lines = _skewer(capsys, "up", "prometheus")
     assert (code, lines[0][1]) == (0, "running")
-    assert services.release(settings, ["prometheus"])[0].state == "running"
+    assert manager.release(settings, ["prometheus"])[0].state == "running"
     assert _state_of(settings, "prometheus") == "running"

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import kafka_io
-from pipeline.records import END_OF_STREAM, Kind, decode_input
+from pipeline.io import kafka_io
+from pipeline.io.records import END_OF_STREAM, Kind, decode_input
 from producers import kafka_producer
 from producers.workloads import parse
 

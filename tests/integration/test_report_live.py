@@ -14,8 +14,11 @@ from typing import Any
 
 import pytest
 
-from pipeline import cli, config, kafka_io, report
-from pipeline.state_store import RunKeys, StateStore
+from pipeline.cli import app
+from pipeline.io import config, kafka_io
+from pipeline.io.state_store import RunKeys, StateStore
+from pipeline.observe import timeline
+from pipeline.runs import report
 
 
 @pytest.fixture
@@ -46,15 +49,15 @@ def test_the_sampler_appends_cumulative_samples_about_once_a_second(
 ) -> None:
     keys = RunKeys(run_id)
     clock = Clock()
-    sampler = report.TimelineSampler(StateStore(redis, run_id), 3, clock=clock)
+    sampler = timeline.TimelineSampler(StateStore(redis, run_id), 3, clock=clock)
     redis.hset(keys.stats("records"), mapping={0: 5, 2: 7})
     redis.hset(keys.stats("routed"), mapping={0: 6, 1: 1, 2: 9})
-    assert sampler.tick() == report.Sample(1_000_000, (5, 0, 7), (6, 1, 9))
+    assert sampler.tick() == timeline.Sample(1_000_000, (5, 0, 7), (6, 1, 9))
     clock.now += 0.5
     assert sampler.tick() is None  # not due yet
     redis.hincrby(keys.stats("records"), 1, 4)
     clock.now += 0.5
-    assert sampler.tick() == report.Sample(1_001_000, (5, 4, 7), (6, 1, 9))
+    assert sampler.tick() == timeline.Sample(1_001_000, (5, 4, 7), (6, 1, 9))
     clock.now += 0.25
     sampler.close()  # the final sample, due or not
     raw = redis.lrange(keys.stats("timeline"), 0, -1)
@@ -71,9 +74,9 @@ def test_the_timeline_keeps_the_newest_samples(
 ) -> None:
     monkeypatch.setattr(report, "MAX_SAMPLES", 2)
     for t in range(4):
-        report.append_sample(redis, run_id, report.Sample(t, (t,), (t,)))
-    raw = redis.lrange(report.timeline_key(run_id), 0, -1)
-    assert [report.Sample.from_json(item).t_ms for item in raw] == [2, 3]
+        timeline.append_sample(redis, run_id, timeline.Sample(t, (t,), (t,)))
+    raw = redis.lrange(timeline.timeline_key(run_id), 0, -1)
+    assert [timeline.Sample.from_json(item).t_ms for item in raw] == [2, 3]
 
 
 @pytest.mark.integration
@@ -83,9 +86,9 @@ def test_report_reads_samples_loads_and_rebalances_and_counts_malformed_entries(
     keys = RunKeys(run_id)
     redis.hset(keys.config, mapping={"workers": 2, "window_ms": 10_000})
     redis.hset(keys.stats("records"), mapping={0: 30, 1: 10})
-    for sample in (report.Sample(0, (0, 0), (0, 0)), report.Sample(1_000, (30, 10), (30, 10))):
-        report.append_sample(redis, run_id, sample)
-    redis.rpush(report.timeline_key(run_id), b"garbage", b'{"t_ms": 1, "records": [1, 2, 3]}')
+    for sample in (timeline.Sample(0, (0, 0), (0, 0)), timeline.Sample(1_000, (30, 10), (30, 10))):
+        timeline.append_sample(redis, run_id, sample)
+    redis.rpush(timeline.timeline_key(run_id), b"garbage", b'{"t_ms": 1, "records": [1, 2, 3]}')
     redis.rpush(
         report.rebalances_key(run_id),
         json.dumps({"version": 2, "published_ms": 800, "completed_ms": 900}),
@@ -107,7 +110,7 @@ def test_skewer_report_writes_the_png_and_refuses_unknown_runs_and_bad_paths(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert cli.main(["report", "--run-id", run_id, "--out", str(tmp_path / "x.png")]) == 2
+    assert app.main(["report", "--run-id", run_id, "--out", str(tmp_path / "x.png")]) == 2
     assert capsys.readouterr().err == (
         f"skewer report: error: run {run_id!r} has no timeline samples and no worker counters "
         f"in Redis (skewer:{run_id}:stats:*)\n"
@@ -115,9 +118,9 @@ def test_skewer_report_writes_the_png_and_refuses_unknown_runs_and_bad_paths(
     assert not (tmp_path / "x.png").exists()
 
     redis.hset(RunKeys(run_id).stats("records"), mapping={0: 3, 1: 1})
-    redis.rpush(report.timeline_key(run_id), b"garbage")
+    redis.rpush(timeline.timeline_key(run_id), b"garbage")
     out = tmp_path / "deeper" / "x.png"
-    assert cli.main(["report", "--run-id", run_id, "--out", str(out), "--scheme", "key"]) == 0
+    assert app.main(["report", "--run-id", run_id, "--out", str(out), "--scheme", "key"]) == 0
     captured = capsys.readouterr()
     assert captured.out == f"{out}\n"
     assert captured.err == "skewer report: skipped 1 malformed timeline entries\n"
@@ -125,7 +128,7 @@ def test_skewer_report_writes_the_png_and_refuses_unknown_runs_and_bad_paths(
 
     blocker = tmp_path / "blocker"
     blocker.write_text("")
-    assert cli.main(["report", "--run-id", run_id, "--out", str(blocker / "x.png")]) == 2
+    assert app.main(["report", "--run-id", run_id, "--out", str(blocker / "x.png")]) == 2
     assert capsys.readouterr().err == (
         f"skewer report: error: cannot write {blocker / 'x.png'}: File exists\n"
     )
@@ -144,7 +147,7 @@ def test_the_demo_report_shows_the_runs_own_figures(
     argv = ["demo", "--scheme", "key", "--records", "20000", "--workers", "4"]
     argv += ["--run-id", run, "--keep", "--json", "--quiet"]
     try:
-        assert cli.main(argv) == 0
+        assert app.main(argv) == 0
         summary = json.loads(capsys.readouterr().out)
         png = Path(summary["report_png"])
         assert png == settings.run_dir / "reports" / f"{run}.png"
@@ -178,7 +181,7 @@ def test_the_demo_report_shows_the_runs_own_figures(
 
         # `skewer report` of the same run draws the same picture, byte for byte.
         again = tmp_path / "again.png"
-        assert cli.main(["report", "--run-id", run, "--scheme", "key", "--out", str(again)]) == 0
+        assert app.main(["report", "--run-id", run, "--scheme", "key", "--out", str(again)]) == 0
         assert capsys.readouterr().out == f"{again}\n"
         assert again.read_bytes() == png.read_bytes()
     finally:

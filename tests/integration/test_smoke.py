@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pipeline import services
+from pipeline.io import kafka_io
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +33,7 @@ def produced_topic(kafka: str) -> Iterator[str]:
     from confluent_kafka import Producer
 
     topic = f"test-smoke-{uuid.uuid4().hex[:8]}"
-    services.create_topic(kafka, topic, WORKERS)
+    kafka_io.ensure_topic(kafka, topic, WORKERS)
     # Idempotence keeps each partition in production order even when a batch is retried (a
     # fresh topic's first produce can meet a leader that is not ready yet); without it a
     # retried batch lands after later ones.
@@ -50,7 +50,7 @@ def produced_topic(kafka: str) -> Iterator[str]:
     assert producer.flush(30) == 0
     assert failures == []
     yield topic
-    services.delete_topics(kafka, [topic])
+    kafka_io.delete_topics(kafka, [topic])
 
 
 def test_expected_counts_follow_from_the_partition_rule() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from worker_batches import batch
 
-from pipeline.aggregator import AggregateOptions, Aggregator
-from pipeline.records import END_OF_STREAM
-from pipeline.state_store import StateStore
+from pipeline.io.records import END_OF_STREAM
+from pipeline.io.state_store import StateStore
+from pipeline.stages.aggregator import AggregateOptions, Aggregator
 
 pytestmark = pytest.mark.integration
 
@@ -176,7 +176,7 @@ def test_verify_and_latency(store: StateStore) -> None:
 def test_worker_job_refuses_starts_that_would_break_exactness(
     store: StateStore, tmp_path: Path
 ) -> None:
-    from pipeline.worker_job import WorkerConfigError, WorkOptions, prepare
+    from pipeline.stages.worker_job import WorkerConfigError, WorkOptions, prepare
 
     options = WorkOptions(
         workers=2,

@@ -31,11 +31,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import kafka_io, records
-from pipeline.aggregator import AggregateOptions, Aggregator, KafkaPublisher
-from pipeline.state_store import StateStore, key_bytes
-from pipeline.worker_job import WorkOptions
-from pipeline.worker_job import run as run_worker_job
+from pipeline.io import kafka_io, records
+from pipeline.io.state_store import StateStore, key_bytes
+from pipeline.stages.aggregator import AggregateOptions, Aggregator, KafkaPublisher
+from pipeline.stages.worker_job import WorkOptions
+from pipeline.stages.worker_job import run as run_worker_job
 
 pytestmark = pytest.mark.integration
 
@@ -307,11 +307,11 @@ def test_kill_9_mid_batch_and_restart_from_checkpoint_stays_exact(
     replayed = [line for line in log.splitlines() if line.startswith(f"batch {half_applied}: ")]
     assert "replayed (skipped)" in replayed[0], log[-2000:]
 
-    from pipeline import cli
+    from pipeline.cli import app
 
     monkeypatch.setenv("SKEWER_REDIS_URL", redis_url)
     monkeypatch.setenv("SKEWER_KAFKA_BOOTSTRAP", kafka)
-    code = cli.main(
+    code = app.main(
         [
             "aggregate",
             "--workers",

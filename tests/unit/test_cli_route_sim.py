@@ -14,10 +14,10 @@ import pytest
 from operators import registry
 from operators.base import KeyStatistics, Plan, RoutingTable, Scheme, TableScheme
 from operators.keys import KeyBatch, choice_from_hash
+from operators.params import parse_value
 from operators.selection import least_loaded
-from pipeline import cli
-from pipeline.commands import route as route_command
-from pipeline.commands.route import parse_value
+from pipeline.cli import app
+from pipeline.cli import route as route_command
 
 STAND_IN = "tests_cli_two"
 
@@ -83,7 +83,7 @@ def run_cli(
     monkeypatch: pytest.MonkeyPatch,
 ) -> tuple[int, bytes, str]:
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
-    code = cli.main(argv)
+    code = app.main(argv)
     captured = capsysbinary.readouterr()
     return code, captured.out, captured.err.decode()
 
@@ -178,7 +178,10 @@ def test_route_empty_input_prints_nothing(capsysbinary, monkeypatch) -> None:
             ["route", "--scheme", "key", "--workers", "2", "--sources", "0"],
             "--sources must be >= 1",
         ),
-        (["route", "--scheme", "key", "--workers", "2", "--param", "d"], "--param expects NAME=V"),
+        (
+            ["route", "--scheme", "key", "--workers", "2", "--param", "d"],
+            "--param: expected NAME=V",
+        ),
         (
             ["route", "--scheme", "key", "--workers", "2", "--param", "d=2"],
             "unknown parameter(s) d",

@@ -11,11 +11,11 @@ import pytest
 from operators import registry
 from operators.base import KeyStatistics, RoutingTable
 from operators.keys import KeyBatch
-from pipeline import records
-from pipeline.control_plane import StatisticsReport, compact_report, join_names, split_names
-from pipeline.controller import moves_by_old_worker, table_schemes
-from pipeline.grouping_stage import SourceWatermark, offset_metadata, parse_offset_metadata
-from pipeline.worker_job import decode_partition, to_worker_batch
+from pipeline.io import records
+from pipeline.stages.control_plane import StatisticsReport, compact_report, join_names, split_names
+from pipeline.stages.controller import moves_by_old_worker, table_schemes
+from pipeline.stages.grouping import SourceWatermark, offset_metadata, parse_offset_metadata
+from pipeline.stages.worker_job import decode_partition, to_worker_batch
 
 
 def test_table_schemes_are_the_seven_of_seeds_000_and_004() -> None:
@@ -155,7 +155,7 @@ def test_a_worker_batch_carries_each_sources_newest_table_switch() -> None:
 def test_skewer_control_says_what_is_wrong_in_one_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pipeline.cli import main
+    from pipeline.cli.app import main
 
     assert main(["control", "--scheme", "pkg", "--workers", "4"]) == 0
     assert "pkg routes without a routing table: nothing to control" in capsys.readouterr().out

@@ -40,7 +40,7 @@ from grafana_dashboards import (
     variable_query,
 )
 
-from pipeline.metrics import SERIES
+from pipeline.observe.series import SERIES
 
 #: The recording rules (deploy/prometheus/rules.yml) by name, with their expressions.
 RECORDING_RULES = {
@@ -56,7 +56,7 @@ RECORDING_RULES = {
 def _readable_names() -> dict[str, set[str]]:
     """Every name PromQL can read from skewer's exporters and rules -> the labels it carries.
 
-    The series are the metrics contract as pipeline/metrics.py exports it (:data:`SERIES`):
+    The series are the metrics contract as pipeline/observe/series.py defines it (:data:`SERIES`):
     counters end in ``_total``, a histogram is read as ``_bucket`` (with ``le``), ``_sum`` and
     ``_count``. A recording rule keeps the labels of its outermost ``by`` clause.
     """

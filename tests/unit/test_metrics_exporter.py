@@ -1,4 +1,4 @@
-"""pipeline/metrics.py without services: bucket conversion, imbalance gauges, label handling,
+"""pipeline/observe/ without services: bucket conversion, imbalance gauges, label handling,
 target files, the exporter's HTTP endpoint and final scrape, multiprocess mode, the Prometheus
 configuration and recording rules (promtool), exact values throughout."""
 
@@ -26,11 +26,21 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from operators import registry
 from operators.keys import KeyBatch
-from pipeline import config, grouping_stage, metrics, services
-from pipeline.kafka_io import RunNames
-from pipeline.orchestrator import RunPlan, imbalance, max_avg
-from pipeline.records import encode_input
-from pipeline.state_store import bucket_upper_ms, latency_buckets
+from operators.metrics import imbalance, load_figures, max_avg_ratio
+from pipeline.io import config
+from pipeline.io.kafka_io import RunNames
+from pipeline.io.records import encode_input
+from pipeline.io.state_store import bucket_upper_ms, latency_buckets
+from pipeline.observe import aggregator as aggregator_metrics
+from pipeline.observe import controller as controller_metrics
+from pipeline.observe import exporter as exporter_module
+from pipeline.observe import grouping as grouping_metrics
+from pipeline.observe import producer as producer_metrics
+from pipeline.observe import series as metric_series
+from pipeline.observe import workers as worker_metrics
+from pipeline.runs.orchestrator import RunPlan
+from pipeline.services import manager
+from pipeline.stages import grouping
 from producers.kafka_producer import plan_stream
 
 PROMETHEUS_DIR = config.DEPLOY_DIR / "prometheus"
@@ -105,18 +115,18 @@ def test_every_contract_series_is_defined_once_with_run_and_scheme() -> None:
         "skewer_migration_held_records_total": (),
         "skewer_migration_duration_seconds": (),
     }
-    defined = {s.name: s.labels for s in metrics.SERIES}
-    assert len(defined) == len(metrics.SERIES)
+    defined = {s.name: s.labels for s in metric_series.SERIES}
+    assert len(defined) == len(metric_series.SERIES)
     # The contract's series exactly, plus the exporter's own error counter.
     assert defined == {**contract, "skewer_exporter_errors_total": ("stage",)}
-    for series in metrics.SERIES:
+    for series in metric_series.SERIES:
         assert series.labelnames[:2] == ("run", "scheme")
         assert series.name.endswith("_total") == (series.kind == "counter")
-        assert series.stage in (*metrics.STAGES, "any")
+        assert series.stage in (*metric_series.STAGES, "any")
 
 
 def test_run_labels_are_set_in_one_place() -> None:
-    labels = metrics.RunLabels("r7", "fish")
+    labels = metric_series.RunLabels("r7", "fish")
     assert labels.of() == {"run": "r7", "scheme": "fish"}
     assert labels.of(worker=2, source=0) == {
         "run": "r7",
@@ -126,24 +136,26 @@ def test_run_labels_are_set_in_one_place() -> None:
     }
     assert labels.values(3) == ["r7", "fish", "3"]
     with pytest.raises(ValueError, match="need a run and a scheme"):
-        metrics.RunLabels("r7", "")
+        metric_series.RunLabels("r7", "")
 
 
 def test_scheme_and_port_resolution() -> None:
-    assert metrics.resolve_scheme("pkg", {"GROUPING_SCHEME": "key"}) == "pkg"
-    assert metrics.resolve_scheme(None, {"GROUPING_SCHEME": " fish "}) == "fish"
-    assert metrics.resolve_scheme(None, {}) == "unknown"
-    assert metrics.resolve_port(None, {}) == 0
-    assert metrics.resolve_port(None, {"SKEWER_METRICS_PORT": "9464"}) == 9464
-    assert metrics.resolve_port(-1, {"SKEWER_METRICS_PORT": "9464"}) == -1
-    with pytest.raises(metrics.MetricsError, match=r"^--metrics-port must be -1 \(off\)"):
-        metrics.resolve_port(65536, {})
-    with pytest.raises(metrics.MetricsError, match=r"^SKEWER_METRICS_PORT must be .* got 'x'$"):
-        metrics.resolve_port(None, {"SKEWER_METRICS_PORT": "x"})
+    assert exporter_module.scheme_label("pkg", {"GROUPING_SCHEME": "key"}) == "pkg"
+    assert exporter_module.scheme_label(None, {"GROUPING_SCHEME": " fish "}) == "fish"
+    assert exporter_module.scheme_label(None, {}) == "unknown"
+    assert exporter_module.resolve_port(None, {}) == 0
+    assert exporter_module.resolve_port(None, {"SKEWER_METRICS_PORT": "9464"}) == 9464
+    assert exporter_module.resolve_port(-1, {"SKEWER_METRICS_PORT": "9464"}) == -1
+    with pytest.raises(exporter_module.MetricsError, match=r"^--metrics-port must be -1 \(off\)"):
+        exporter_module.resolve_port(65536, {})
+    with pytest.raises(
+        exporter_module.MetricsError, match=r"^SKEWER_METRICS_PORT must be .* got 'x'$"
+    ):
+        exporter_module.resolve_port(None, {"SKEWER_METRICS_PORT": "x"})
 
 
 def test_a_bad_metrics_port_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    from pipeline.cli import main
+    from pipeline.cli.app import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["produce", "--records", "10", "--metrics-port", "-2"])
@@ -165,7 +177,7 @@ def test_run_plan_passes_the_scheme_label_to_every_stage() -> None:
 
 
 def test_latency_edges_are_redis_edges_rounded_up() -> None:
-    edges = metrics.LATENCY_EDGES
+    edges = worker_metrics.LATENCY_EDGES
     assert len(edges) == 21  # 1 ms .. 100 s, 4 per decade
     assert [e for _, e in edges[:5]] == [0.001, 0.001779, 0.003163, 0.005624, 0.01]
     assert edges[-1] == (100, 100.0)
@@ -180,10 +192,10 @@ def test_latency_buckets_count_exactly_what_lies_below_each_edge() -> None:
     latency_ms = np.concatenate([10 ** rng.uniform(-1, 5.5, 5000), [0.2, 1.0, 100_000.0]])
     buckets, counts = np.unique(latency_buckets(latency_ms), return_counts=True)
     histogram = dict(zip(buckets.tolist(), counts.tolist(), strict=True))
-    exported = metrics.latency_le_buckets(histogram)
+    exported = worker_metrics.latency_le_buckets(histogram)
     assert [le for le, _ in exported[:3]] == ["0.001", "0.001779", "0.003163"]
     assert exported[-1] == ("+Inf", len(latency_ms))
-    for (bucket, _), (_, cumulative) in zip(metrics.LATENCY_EDGES, exported, strict=False):
+    for (bucket, _), (_, cumulative) in zip(worker_metrics.LATENCY_EDGES, exported, strict=False):
         # Independently: records at or below the Redis edge (latency_buckets clamps to >= 1 ms).
         expected = int((np.maximum(latency_ms, 1.0) <= bucket_upper_ms(bucket) * (1 + 1e-12)).sum())
         assert cumulative == expected
@@ -192,7 +204,9 @@ def test_latency_buckets_count_exactly_what_lies_below_each_edge() -> None:
 def test_latency_sum_is_the_geometric_bucket_centres() -> None:
     histogram = {0: 2, 1: 3, 40: 1}
     expected_ms = 2 * 0.5 + 3 * 10 ** (0.5 / 20) + 1 * 10 ** (39.5 / 20)
-    assert metrics.latency_sum_seconds(histogram) == pytest.approx(expected_ms / 1000, rel=1e-12)
+    assert worker_metrics.latency_sum_seconds(histogram) == pytest.approx(
+        expected_ms / 1000, rel=1e-12
+    )
 
 
 @pytest.mark.parametrize(
@@ -204,24 +218,25 @@ def test_latency_sum_is_the_geometric_bucket_centres() -> None:
         ([8, 0, 0, 0], (6.0, 0.75, 4.0)),
     ],
 )
-def test_imbalance_gauges(loads: list[int], expected: tuple[float, float, float]) -> None:
-    assert metrics.imbalance_gauges(loads) == expected
-    # The one definition: the orchestrator's.
-    assert expected[0] == imbalance(loads) and expected[2] == max_avg(loads)
+def test_load_figures(loads: list[int], expected: tuple[float, float, float]) -> None:
+    assert load_figures(loads) == expected
+    # The one definition, operators.metrics' (the gauges read 0 before any load).
+    if sum(loads):
+        assert expected[0] == imbalance(loads) and expected[2] == max_avg_ratio(loads)
 
 
 def test_records_per_producer_follow_the_stream_plan() -> None:
     plan = plan_stream(1000, sources=3, event_rate=1000, start_ms=0)
     for acked in (0, 1, 2, 3, 500, 999, 1000):
         by_hand = np.bincount(plan.producer[:acked], minlength=3).tolist()
-        assert metrics.records_per_producer(acked, 3) == by_hand
+        assert producer_metrics.records_per_producer(acked, 3) == by_hand
 
 
 def test_lag_and_the_spark_offset_log(tmp_path: Path) -> None:
     checkpoint = tmp_path / "checkpoint"
     (checkpoint / "offsets").mkdir(parents=True)
     (checkpoint / "commits").mkdir()
-    assert metrics.committed_offsets(checkpoint, "t-work") == {}
+    assert worker_metrics.committed_offsets(checkpoint, "t-work") == {}
     metadata = '{"batchWatermarkMs":0,"batchTimestampMs":1,"conf":{"a":"b"}}'
     for batch, offsets in ((0, {"0": 5, "1": 7}), (1, {"0": 11, "1": 13, "2": 2})):
         (checkpoint / "offsets" / str(batch)).write_text(
@@ -230,11 +245,11 @@ def test_lag_and_the_spark_offset_log(tmp_path: Path) -> None:
     (checkpoint / "commits" / "0").write_text("v1\n{}")
     (checkpoint / "commits" / ".0.crc").write_text("")
     # Batch 1 is logged but not committed: the query has consumed batch 0's offsets.
-    assert metrics.committed_offsets(checkpoint, "t-work") == {0: 5, 1: 7}
+    assert worker_metrics.committed_offsets(checkpoint, "t-work") == {0: 5, 1: 7}
     (checkpoint / "commits" / "1").write_text("v1\n{}")
-    assert metrics.committed_offsets(checkpoint, "t-work") == {0: 11, 1: 13, 2: 2}
-    assert metrics.committed_offsets(checkpoint, "other") == {}
-    assert metrics.lag_per_partition([20, 13, 2, 4], {0: 11, 1: 13, 2: 2}) == [9, 0, 0, 4]
+    assert worker_metrics.committed_offsets(checkpoint, "t-work") == {0: 11, 1: 13, 2: 2}
+    assert worker_metrics.committed_offsets(checkpoint, "other") == {}
+    assert worker_metrics.lag_per_partition([20, 13, 2, 4], {0: 11, 1: 13, 2: 2}) == [9, 0, 0, 4]
 
 
 # --- worker and aggregator families ----------------------------------------------------------
@@ -257,8 +272,8 @@ def _exposition(families: list[Any]) -> str:
 
 
 def test_worker_families_from_given_redis_counters() -> None:
-    labels = metrics.RunLabels("w1", "key")
-    stats = metrics.WorkerStats(
+    labels = metric_series.RunLabels("w1", "key")
+    stats = worker_metrics.WorkerStats(
         records=[30, 10, 10, 10],
         late=[0, 1, 0, 0],
         rejected=[0, 0, 2, 0],
@@ -267,7 +282,7 @@ def test_worker_families_from_given_redis_counters() -> None:
         latency=[{0: 30}, {20: 10}, {}, {21: 5, 200: 5}],
         state_entries=[7, 3, 2, 1],
     )
-    text = _exposition(metrics.worker_families(labels, stats, lag=[0, 5, 0, 1]))
+    text = _exposition(worker_metrics.worker_families(labels, stats, lag=[0, 5, 0, 1]))
     samples = _samples(text, "w1")
     for family in text_string_to_metric_families(text):
         for sample in family.samples:  # every sample carries run and scheme
@@ -293,21 +308,23 @@ def test_worker_families_from_given_redis_counters() -> None:
     assert samples[(bucket, (("le", "+Inf"), ("worker", "3")))] == 10
     assert samples[("skewer_worker_latency_seconds_count", (("worker", "2"),))] == 0
     # Without lag (Kafka unreadable) the other series are still there.
-    names = {f.name for f in metrics.worker_families(labels, stats, lag=None)}
+    names = {f.name for f in worker_metrics.worker_families(labels, stats, lag=None)}
     assert "skewer_worker_lag_records" not in names and "skewer_worker_records" in names
 
 
 def test_aggregator_families() -> None:
-    labels = metrics.RunLabels("a1", "pkg")
+    labels = metric_series.RunLabels("a1", "pkg")
     totals = {"windows": 5, "records": 200_000, "state_entries": 300, "distinct_keys": 200}
-    samples = _samples(_exposition(metrics.aggregator_families(labels, totals, 12_500)), "a1")
+    samples = _samples(
+        _exposition(aggregator_metrics.aggregator_families(labels, totals, 12_500)), "a1"
+    )
     assert samples == {
         ("skewer_aggregator_windows_final_total", ()): 5,
         ("skewer_aggregator_records_final_total", ()): 200_000,
         ("skewer_replication", ()): 1.5,
         ("skewer_watermark_seconds", ()): 12.5,
     }
-    empty = _samples(_exposition(metrics.aggregator_families(labels, {}, None)), "a1")
+    empty = _samples(_exposition(aggregator_metrics.aggregator_families(labels, {}, None)), "a1")
     assert empty == {
         ("skewer_aggregator_windows_final_total", ()): 0,
         ("skewer_aggregator_records_final_total", ()): 0,
@@ -322,8 +339,8 @@ def _value(name: str, **labels: str) -> float | None:
 
 
 def test_producer_metrics_count_acknowledged_records_once() -> None:
-    labels = metrics.RunLabels("p-unit", "pkg")
-    producer = metrics.ProducerMetrics(labels, sources=2)
+    labels = metric_series.RunLabels("p-unit", "pkg")
+    producer = producer_metrics.ProducerMetrics(labels, sources=2)
     producer.acked(5)
     producer.acked(3)  # a smaller lower bound changes nothing
     assert _value("skewer_producer_records_total", **labels.of(producer=0)) == 3
@@ -360,19 +377,19 @@ class _Message:
 def test_grouping_metrics_count_what_a_source_commits() -> None:
     """A source's committed batch reaches the series: records, per-worker routing (the
     scheme's), dead letters per reason (zero before any), batch time and table gauges."""
-    labels = metrics.RunLabels("g-unit", "key")
-    config = grouping_stage.StageConfig(
+    labels = metric_series.RunLabels("g-unit", "key")
+    config = grouping.StageConfig(
         bootstrap="", redis_url="", names=RunNames("g-unit"), scheme="key", n_workers=3,
         n_sources=2,
     )  # fmt: skip
-    grouping = metrics.GroupingMetrics(labels, 1, 3, reasons=grouping_stage.REASONS)
-    source = grouping_stage.GroupingSource(config, 1, None, grouping)  # type: ignore[arg-type]
+    source_metrics = grouping_metrics.GroupingMetrics(labels, 1, 3, reasons=grouping.REASONS)
+    source = grouping.GroupingSource(config, 1, None, source_metrics)  # type: ignore[arg-type]
     of = labels.of
     assert _value("skewer_grouping_dead_letters_total", **of(source=1, reason="no-key")) == 0
     value = encode_input(np.array([1]), np.array([0]), np.array([0]))[0]
     keys = [b"a", b"b", b"a", None, b"c"]
     messages = [_Message(key, value, at) for at, key in enumerate(keys)]
-    output = source.route_batch(messages, grouping_stage.SourceWatermark())
+    output = source.route_batch(messages, grouping.SourceWatermark())
     source._committed(output, len(messages), 0.02)
     expected = np.bincount(
         registry.create("key", 3).route(KeyBatch.from_bytes([b"a", b"b", b"a", b"c"])),
@@ -388,8 +405,8 @@ def test_grouping_metrics_count_what_a_source_commits() -> None:
 
 
 def test_controller_metrics() -> None:
-    labels = metrics.RunLabels("c-unit", "mintable")
-    controller = metrics.ControllerMetrics(labels)
+    labels = metric_series.RunLabels("c-unit", "mintable")
+    controller = controller_metrics.ControllerMetrics(labels)
     controller.interval("balanced", imbalance=0.05, tolerance=0.1)
     controller.interval("rebalanced", imbalance=0.4)
     controller.table(2, 35)
@@ -420,7 +437,7 @@ def test_controller_metrics() -> None:
 
 def test_batch_metric_updates_cost_microseconds_not_per_record() -> None:
     """One batch's updates are O(W): the same cost for a batch of 10 or 10^6 records."""
-    grouping = metrics.GroupingMetrics(metrics.RunLabels("bench-unit", "pkg"), 0, 8)
+    grouping = grouping_metrics.GroupingMetrics(metric_series.RunLabels("bench-unit", "pkg"), 0, 8)
     routed = [2500] * 8
     dead = {"no-key": 0, "key-too-large": 0, "undecodable-value": 0, "wrong-kind": 0}
     began = time.perf_counter()
@@ -434,12 +451,16 @@ def test_batch_metric_updates_cost_microseconds_not_per_record() -> None:
 
 
 def test_target_document_and_path(tmp_path: Path) -> None:
-    assert metrics.target_document("127.0.0.1", 4321, "work") == [
+    assert exporter_module.target_document("127.0.0.1", 4321, "work") == [
         {"targets": ["127.0.0.1:4321"], "labels": {"stage": "work"}}
     ]
-    assert metrics.target_document("0.0.0.0", 9464, "group")[0]["targets"] == ["127.0.0.1:9464"]
-    assert metrics.target_document("::1", 1, "group")[0]["targets"] == ["[::1]:1"]
-    assert metrics.target_path(tmp_path, "group", "r-1", 42) == tmp_path / "group-r-1-42.json"
+    assert exporter_module.target_document("0.0.0.0", 9464, "group")[0]["targets"] == [
+        "127.0.0.1:9464"
+    ]
+    assert exporter_module.target_document("::1", 1, "group")[0]["targets"] == ["[::1]:1"]
+    assert (
+        exporter_module.target_path(tmp_path, "group", "r-1", 42) == tmp_path / "group-r-1-42.json"
+    )
 
 
 def test_stale_targets_of_dead_processes_are_removed(tmp_path: Path) -> None:
@@ -451,16 +472,16 @@ def test_stale_targets_of_dead_processes_are_removed(tmp_path: Path) -> None:
     other = tmp_path / "notes.json"
     for path in (dead, alive, other):
         path.write_text("[]")
-    assert metrics.remove_stale_targets(tmp_path) == [dead]
+    assert exporter_module.remove_stale_targets(tmp_path) == [dead]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, other.name])
 
 
 def test_exporter_serves_writes_its_target_and_cleans_up(settings: config.Settings) -> None:
-    labels = metrics.RunLabels("e-unit", "pkg")
-    exporter = metrics.start_exporter("produce", "e-unit", "pkg", 0, settings=settings)
+    labels = metric_series.RunLabels("e-unit", "pkg")
+    exporter = exporter_module.start_exporter("produce", "e-unit", "pkg", 0, settings=settings)
     try:
-        metrics.ProducerMetrics(labels, 1).acked(4)
-        target = services.prometheus_targets_dir(settings) / f"produce-e-unit-{os.getpid()}.json"
+        producer_metrics.ProducerMetrics(labels, 1).acked(4)
+        target = settings.prometheus_targets_dir / f"produce-e-unit-{os.getpid()}.json"
         assert exporter.target_path == target
         assert json.loads(target.read_text()) == [
             {"targets": [f"127.0.0.1:{exporter.port}"], "labels": {"stage": "produce"}}
@@ -478,7 +499,7 @@ def test_exporter_serves_writes_its_target_and_cleans_up(settings: config.Settin
 
 
 def test_exporter_waits_for_one_prometheus_scrape_at_the_end(settings: config.Settings) -> None:
-    exporter = metrics.start_exporter("aggregate", "e-linger", "pkg", 0, settings=settings)
+    exporter = exporter_module.start_exporter("aggregate", "e-linger", "pkg", 0, settings=settings)
     closing = threading.Thread(target=exporter.close, kwargs={"linger": 10.0})
     _get(f"{exporter.url}/metrics", user_agent="Prometheus/2.42.0")  # it is being scraped
     closing.start()
@@ -496,8 +517,8 @@ def test_sigterm_removes_the_target_of_a_stage_without_a_handler(tmp_path: Path)
     of SIGTERM as it would have."""
     script = (
         "import sys, time\n"
-        "from pipeline import metrics\n"
-        "exporter = metrics.start_exporter('produce', 'e-term', 'pkg', 0)\n"
+        "from pipeline.observe.exporter import start_exporter\n"
+        "exporter = start_exporter('produce', 'e-term', 'pkg', 0)\n"
         "print(exporter.target_path, flush=True)\n"
         "time.sleep(60)\n"
     )
@@ -521,36 +542,39 @@ def test_sigterm_removes_the_target_of_a_stage_without_a_handler(tmp_path: Path)
 
 
 def test_disabled_and_busy_ports(settings: config.Settings) -> None:
-    off = metrics.start_exporter("work", "e-off", "key", -1, settings=settings)
+    off = exporter_module.start_exporter("work", "e-off", "key", -1, settings=settings)
     assert (off.enabled, off.port, off.url, off.target_path) == (False, None, None, None)
     off.close()
-    assert not services.prometheus_targets_dir(settings).exists()
-    first = metrics.start_exporter("work", "e-busy", "key", 0, settings=settings)
+    assert not settings.prometheus_targets_dir.exists()
+    first = exporter_module.start_exporter("work", "e-busy", "key", 0, settings=settings)
     try:
         with pytest.raises(
-            metrics.MetricsError, match=f"cannot serve metrics on 127.0.0.1:{first.port}"
+            exporter_module.MetricsError, match=f"cannot serve metrics on 127.0.0.1:{first.port}"
         ):
-            metrics.start_exporter("work", "e-busy", "key", first.port, settings=settings)
+            exporter_module.start_exporter("work", "e-busy", "key", first.port, settings=settings)
     finally:
         first.close(linger=0)
 
 
 def _child_routes(run: str, count: int) -> None:
     """A grouping source's process: records into the parent's multiprocess folder."""
-    from pipeline import metrics as child_metrics
+    from pipeline.observe.grouping import GroupingMetrics
+    from pipeline.observe.series import RunLabels
 
-    grouping = child_metrics.GroupingMetrics(child_metrics.RunLabels(run, "pkg"), count, 2)
+    grouping = GroupingMetrics(RunLabels(run, "pkg"), count, 2)
     grouping.batch(count, [count, 0], {}, 0.01)
     grouping.table(3, count)
 
 
 def test_multiprocess_exporter_merges_its_children(settings: config.Settings) -> None:
-    exporter = metrics.start_exporter(
+    exporter = exporter_module.start_exporter(
         "group", "e-multi", "pkg", 0, multiprocess=True, settings=settings
     )
     directory = exporter.multiprocess_dir
     try:
-        assert directory is not None and os.environ[metrics.MULTIPROC_VARIABLE] == str(directory)
+        assert directory is not None and os.environ[exporter_module.MULTIPROC_VARIABLE] == str(
+            directory
+        )
         context = multiprocessing.get_context("spawn")
         for count in (1, 2):  # two sources, one process each, both gone before the scrape
             child = context.Process(target=_child_routes, args=("e-multi", count))
@@ -564,7 +588,7 @@ def test_multiprocess_exporter_merges_its_children(settings: config.Settings) ->
     assert samples[("skewer_grouping_routed_total", (("source", "2"), ("worker", "0")))] == 2
     assert samples[("skewer_routing_table_entries", (("source", "2"),))] == 2
     assert samples[("skewer_routing_table_version", (("source", "1"),))] == 3
-    assert metrics.MULTIPROC_VARIABLE not in os.environ
+    assert exporter_module.MULTIPROC_VARIABLE not in os.environ
     assert not directory.exists()
 
 
@@ -572,14 +596,14 @@ def test_multiprocess_exporter_merges_its_children(settings: config.Settings) ->
 
 
 def test_native_config_has_the_skewer_job_and_the_rules(settings: config.Settings) -> None:
-    [prometheus] = services.native_services(settings, ["prometheus"])
+    [prometheus] = manager.native_services(settings, ["prometheus"])
     parsed = yaml.safe_load(prometheus.prometheus_config())
     assert parsed["global"]["evaluation_interval"] == "1s"
     assert parsed["rule_files"] == ["rules.yml"]
     jobs = {job["job_name"]: job for job in parsed["scrape_configs"]}
     assert jobs["skewer"]["scrape_interval"] == "1s"
     assert jobs["skewer"]["file_sd_configs"] == [
-        {"files": [f"{services.prometheus_targets_dir(settings)}/*.json"], "refresh_interval": "1s"}
+        {"files": [f"{settings.prometheus_targets_dir}/*.json"], "refresh_interval": "1s"}
     ]
     prometheus.prepare()
     assert prometheus.targets_dir.is_dir()
@@ -592,7 +616,7 @@ def test_native_config_has_the_skewer_job_and_the_rules(settings: config.Setting
 
 @needs_promtool
 def test_promtool_accepts_the_rules_and_the_generated_config(settings: config.Settings) -> None:
-    [prometheus] = services.native_services(settings, ["prometheus"])
+    [prometheus] = manager.native_services(settings, ["prometheus"])
     prometheus.prepare()
     for command in (
         ["promtool", "check", "rules", str(PROMETHEUS_DIR / "rules.yml")],

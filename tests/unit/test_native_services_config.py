@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import config, services
+from pipeline.io import artifacts, config
+from pipeline.services import manager, native, process
 
 
 def test_defaults_are_loopback_with_non_default_ports() -> None:
@@ -56,7 +57,7 @@ def test_a_bad_address_names_its_variable() -> None:
 
 def test_kafka_server_properties_are_filled_in(tmp_path: Path) -> None:
     settings = config.load({"SKEWER_RUN_DIR": str(tmp_path)})
-    [kafka] = services.native_services(settings, ["kafka"])
+    [kafka] = manager.native_services(settings, ["kafka"])
     lines = kafka.server_properties().splitlines()
     assert "${" not in "\n".join(lines)
     properties = dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
@@ -73,7 +74,7 @@ def test_prometheus_config_and_command(tmp_path: Path) -> None:
     import yaml
 
     settings = config.load({"SKEWER_RUN_DIR": str(tmp_path)})
-    [prometheus] = services.native_services(settings, ["prometheus"])
+    [prometheus] = manager.native_services(settings, ["prometheus"])
     parsed = yaml.safe_load(prometheus.prometheus_config())
     assert parsed["scrape_configs"][0]["static_configs"][0]["targets"] == ["127.0.0.1:19090"]
     assert "--web.listen-address=127.0.0.1:19090" in prometheus.command()
@@ -82,10 +83,10 @@ def test_prometheus_config_and_command(tmp_path: Path) -> None:
 
 def test_services_come_in_a_fixed_order_and_unknown_names_fail() -> None:
     settings = config.load({})
-    names = [s.name for s in services.native_services(settings, ["prometheus", "kafka"])]
+    names = [s.name for s in manager.native_services(settings, ["prometheus", "kafka"])]
     assert names == ["kafka", "prometheus"]
-    with pytest.raises(services.ServiceError, match="unknown service 'zk'; valid services: kafka"):
-        services.native_services(settings, ["zk"])
+    with pytest.raises(native.ServiceError, match="unknown service 'zk'; valid services: kafka"):
+        manager.native_services(settings, ["zk"])
 
 
 @pytest.mark.parametrize(
@@ -105,38 +106,37 @@ def test_services_come_in_a_fixed_order_and_unknown_names_fail() -> None:
     ],
 )
 def test_artifact_id_of_a_jar_name(jar: str, artifact: str) -> None:
-    assert services._artifact_id(jar) == artifact
+    assert artifacts.artifact_id(jar) == artifact
 
 
 def test_a_pid_is_ours_only_with_its_recorded_start_time() -> None:
-    ticks = services._start_ticks(os.getpid())
+    ticks = process.start_ticks(os.getpid())
     assert isinstance(ticks, int) and ticks > 0
-    assert services._is_alive(services.PidRecord(os.getpid(), ticks, ("python",)))
-    assert not services._is_alive(services.PidRecord(os.getpid(), ticks + 1, ("python",)))
+    assert process.is_alive(process.PidRecord(os.getpid(), ticks, ("python",)))
+    assert not process.is_alive(process.PidRecord(os.getpid(), ticks + 1, ("python",)))
     # A process that exited (and was reaped) has no start time at all.
     finished = subprocess.Popen(["true"])
     finished.wait()
-    assert services._start_ticks(finished.pid) is None
+    assert process.start_ticks(finished.pid) is None
 
 
 def test_pid_files_round_trip_and_garbage_reads_as_none(tmp_path: Path) -> None:
-    record = services.PidRecord(1234, 5678, ("redis-server", "--port", "16379"))
+    record = process.PidRecord(1234, 5678, ("redis-server", "--port", "16379"))
     path = tmp_path / "redis.pid"
-    services._write_pid_file(path, record)
-    assert services._read_pid_file(path) == record
+    process.write_pid_file(path, record)
+    assert process.read_pid_file(path) == record
     path.write_text("not json")
-    assert services._read_pid_file(path) is None
-    assert services._read_pid_file(tmp_path / "missing.pid") is None
+    assert process.read_pid_file(path) is None
+    assert process.read_pid_file(tmp_path / "missing.pid") is None
 
 
 def test_state_lines() -> None:
     assert (
-        services.ServiceState("kafka", "127.0.0.1:19092", "running", 42).line()
+        manager.ServiceState("kafka", "127.0.0.1:19092", "running", 42).line()
         == "kafka      running  127.0.0.1:19092            pid 42"
     )
     assert (
-        services.ServiceState("redis", "redis://x", "down").line()
-        == "redis      down     redis://x"
+        manager.ServiceState("redis", "redis://x", "down").line() == "redis      down     redis://x"
     )
 
 

@@ -1,6 +1,6 @@
 """The live pipeline's wire formats and how bad input is recognised; the producer's plan.
 
-Covers pipeline/records.py (round trips, every way a value can fail to decode), the grouping
+Covers pipeline/io/records.py (round trips, every way a value can fail to decode), the grouping
 stage's pure parts (validation reasons, dead-letter JSON, source watermarks) and the
 producer's pure parts (the plan of a stream and its ground truth), each against numbers
 worked out by hand or by a plain-Python reference.
@@ -19,15 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from operators.keys import KeyBatch
-from pipeline.grouping_stage import (
-    NO_WATERMARK,
-    REASONS,
-    SourceWatermark,
-    dead_letter_value,
-    validate,
-    work_values,
-)
-from pipeline.records import (
+from pipeline.io.records import (
     END_OF_STREAM,
     INPUT_DTYPE,
     MAX_KEY_BYTES,
@@ -39,6 +31,14 @@ from pipeline.records import (
     encode_marker,
     encode_work,
     window_start,
+)
+from pipeline.stages.grouping import (
+    NO_WATERMARK,
+    REASONS,
+    SourceWatermark,
+    dead_letter_value,
+    validate,
+    work_values,
 )
 from producers.kafka_producer import ground_truth, plan_stream
 

@@ -1,4 +1,4 @@
-"""The run report's figures from hand-made samples, and the figure it draws (pipeline/report.py).
+"""The run report's figures from hand-made samples, and the figure it draws (runs/report.py).
 
 Expected values are worked out by hand in the comments: per interval, d = L(k) - L(k-1),
 I = max d - avg d, fraction = I / sum d, lambda = max d / avg d. Every expected quotient is
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.report import (
+from pipeline.runs.report import (
     FIGURE_DPI,
     FIGURE_INCHES,
     Rebalance,

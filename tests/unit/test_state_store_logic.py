@@ -12,9 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from operators.keys import KeyBatch
-from pipeline import records
-from pipeline.aggregator import result_records
-from pipeline.state_store import (
+from pipeline.io import records
+from pipeline.io.state_store import (
     RunKeys,
     WorkerBatch,
     bucket_upper_ms,
@@ -23,7 +22,8 @@ from pipeline.state_store import (
     latency_buckets,
     latency_quantile,
 )
-from pipeline.worker_job import (
+from pipeline.stages.aggregator import result_records
+from pipeline.stages.worker_job import (
     WorkerJobError,
     WorkOptions,
     checkpoint_is_fresh,
@@ -246,23 +246,23 @@ def test_result_records_split_and_content() -> None:
 def test_bad_arguments_fail_with_one_line_before_any_service(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str], monkeypatch
 ) -> None:
-    from pipeline import cli
+    from pipeline.cli import app
 
     # Nothing answers here: a check that reached for a service would fail differently.
     monkeypatch.setenv("SKEWER_KAFKA_BOOTSTRAP", "127.0.0.1:9")
     monkeypatch.setenv("SKEWER_REDIS_URL", "redis://127.0.0.1:9/0")
-    assert cli.main(argv) == 2
+    assert app.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and err.startswith(f"skewer {argv[0]}: error:")
 
 
 def test_failure_reason_finds_the_cause_in_sparks_wrapping() -> None:
-    from pipeline.worker_job import failure_reason
+    from pipeline.stages.worker_job import failure_reason
 
     wrapped = (
         "An exception was raised by the Python Proxy. Return Message: Traceback (most recent...\n"
         '  File "/x/worker_job.py", line 135, in to_worker_batch\n'
-        "pipeline.worker_job.WorkerJobError: worker 1 got a watermark of source 3, but ...\n"
+        "pipeline.stages.worker_job.WorkerJobError: worker 1 got a watermark of source 3, but ...\n"
         "\tat org.apache.spark.api.python.PythonRunner...\n"
     )
     assert failure_reason(Exception(wrapped)) == "worker 1 got a watermark of source 3, but ..."

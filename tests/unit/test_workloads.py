@@ -253,7 +253,7 @@ def test_spec_round_trip(spec: str) -> None:
         ("nope:z=1", "unknown workload 'nope'; valid workloads: zipf, lognormal, drift, words"),
         ("zipf:z=-0.5", "zipf: z must be >= 0, got -0.5"),
         ("zipf:q=1", "zipf: unknown parameter(s) q; valid: z, keys, n, seed"),
-        ("zipf:z", "zipf: expected key=value, got 'z'"),
+        ("zipf:z", "zipf: expected NAME=VALUE, got 'z'"),
         ("zipf:n=1.5", "zipf: n must be an integer, got '1.5'"),
         ("zipf:keys=0", "zipf: keys must be >= 1, got 0"),
         ("zipf:z=1,z=2", "zipf: parameter z given twice"),

@@ -1,0 +1,161 @@
+"""`skewer bench`: regenerate the recorded results in ``bench/results``.
+
+``skewer bench paper [--quick] [--only NAME ...]`` runs every experiment module of
+``bench/experiments`` (or the named ones) and writes ``<name>.md`` (headed by the command and
+the machine), its PNG figures and its data as JSON. ``skewer bench speed`` measures routing,
+simulation and planning speed into ``speed.md``. ``skewer bench e2e`` runs the live pipeline
+once per live scheme (services must answer) into ``end_to_end.md``; ``skewer bench migration``
+runs each routing-table scheme live with its controller, and in the simulator, into
+``migration.md``. ``--out DIR`` writes elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="reproduce the papers' experiments and measure speed into bench/results",
+        description=__doc__.split("\n\n")[0],
+    )
+    commands = parser.add_subparsers(dest="bench_command", metavar="WHAT", required=True)
+    paper = commands.add_parser("paper", help="run the paper experiments")
+    paper.add_argument("--quick", action="store_true", help="small sizes (seconds, for tests)")
+    paper.add_argument("--only", nargs="+", metavar="NAME", help="experiment module names")
+    paper.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    paper.set_defaults(handler=run_paper)
+    speed = commands.add_parser("speed", help="measure routing, simulation and planning speed")
+    speed.add_argument("--quick", action="store_true", help="10^6 keys instead of 10^7")
+    speed.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    speed.set_defaults(handler=run_speed)
+    e2e = commands.add_parser("e2e", help="throughput and latency of the live pipeline per scheme")
+    e2e.add_argument("--records", type=int, default=200_000, help="records per run (200000)")
+    e2e.add_argument("--cpu-cost-us", type=float, default=1000.0, help="µs per record (1000)")
+    e2e.add_argument("--only", nargs="+", metavar="SCHEME", help="these live schemes only")
+    e2e.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    e2e.set_defaults(handler=run_e2e)
+    migration = commands.add_parser(
+        "migration", help="routing-table schemes live: planning, migrated state, hold-back"
+    )
+    migration.add_argument("--only", nargs="+", metavar="SCHEME", help="these schemes only")
+    migration.add_argument(
+        "--interval", type=float, default=2.0, metavar="SECONDS", help="controller round (2)"
+    )
+    migration.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    migration.set_defaults(handler=run_migration)
+
+
+def _command(args: argparse.Namespace) -> str:
+    words = ["skewer", "bench", args.bench_command]
+    if args.quick:
+        words.append("--quick")
+    if getattr(args, "only", None):
+        words += ["--only", *args.only]
+    if args.out is not None:
+        words += ["--out", str(args.out)]
+    return " ".join(words)
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_paper(args: argparse.Namespace) -> int:
+    from bench import harness
+    from pipeline.cli.arguments import UsageError
+
+    try:
+        outcomes = harness.run_experiments(
+            args.only,
+            quick=args.quick,
+            out_dir=args.out or harness.RESULTS_DIR,
+            command=_command(args),
+            log=_log,
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    failed = [o.module for o in outcomes if o.error]
+    total = sum(o.seconds for o in outcomes)
+    print(f"{len(outcomes) - len(failed)} experiment(s) written in {total:.1f} s", flush=True)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _write(result: Any, out: Path | None, command: str, seconds: float) -> int:
+    """Write ``result`` headed by its command and this machine, print it, say where it went."""
+    from bench import harness
+
+    paths = harness.write_result(
+        result, out or harness.RESULTS_DIR, command, harness.machine_info(), seconds
+    )
+    print(result.markdown)
+    _log(f"written: {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+def run_speed(args: argparse.Namespace) -> int:
+    from bench import speed
+
+    began = time.perf_counter()
+    result = speed.run(quick=args.quick)
+    return _write(result, args.out, _command(args), time.perf_counter() - began)
+
+
+def run_e2e(args: argparse.Namespace) -> int:
+    from bench import end_to_end
+    from pipeline.cli.arguments import UsageError
+    from pipeline.runs.orchestrator import PipelineError
+
+    words = ["skewer", "bench", "e2e", "--records", str(args.records)]
+    words += ["--cpu-cost-us", f"{args.cpu_cost_us:g}"]
+    if args.only:
+        words += ["--only", *args.only]
+    if args.out is not None:
+        words += ["--out", str(args.out)]
+    began = time.perf_counter()
+    try:
+        result = end_to_end.run(
+            records=args.records,
+            cpu_cost_us=args.cpu_cost_us,
+            schemes=args.only or end_to_end.LIVE_SCHEMES,
+            log=_log,
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    except PipelineError as error:
+        print(f"skewer bench e2e: error: {error}", file=sys.stderr)
+        return 1
+    return _write(result, args.out, " ".join(words), time.perf_counter() - began)
+
+
+def run_migration(args: argparse.Namespace) -> int:
+    from bench import migration
+    from pipeline.cli.arguments import UsageError
+    from pipeline.runs.orchestrator import PipelineError
+
+    if not args.interval > 0:
+        raise UsageError(f"--interval must be > 0, got {args.interval}")
+    words = ["skewer", "bench", "migration"]
+    if args.interval != migration.INTERVAL:
+        words += ["--interval", f"{args.interval:g}"]
+    if args.only:
+        words += ["--only", *args.only]
+    if args.out is not None:
+        words += ["--out", str(args.out)]
+    began = time.perf_counter()
+    try:
+        result = migration.run(
+            schemes=args.only or migration.TABLE_SCHEMES, interval=args.interval, log=_log
+        )
+    except PipelineError as error:
+        print(f"skewer bench migration: error: {error}", file=sys.stderr)
+        return 1
+    return _write(result, args.out, " ".join(words), time.perf_counter() - began)

@@ -1,0 +1,221 @@
+"""`skewer demo`: the live pipeline end to end -- produce, group, work, aggregate -- for one run.
+
+It starts Kafka and Redis natively if they do not answer (and stops them again at the end
+unless someone else uses them; ``--keep-services`` leaves them up, ``--no-start`` never starts
+them), then runs ``skewer produce``, ``group``, ``work`` (Spark) and ``aggregate`` as
+subprocesses on a fresh run (its own topics ``{run}-keys``, ``{run}-work``, ... and Redis keys
+``skewer:{run}:``), shows progress on stderr (records produced, grouped, processed; final
+windows; max/avg load of the workers), and prints a summary per worker and overall.
+``--verify`` compares every final (key, window) count with the ground truth and exits 0 only
+if all are equal. ``--json`` prints one object instead. The run's topics, Redis keys and
+Spark checkpoint are deleted at the end unless ``--keep``. Exit 2 on bad arguments (unknown
+scheme, W < 1, ...), 1 when a service does not answer, a stage fails, or ``--verify`` fails.
+
+See pipeline/runs/orchestrator.py for how the stages run and what the figures mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TextIO
+
+from pipeline.cli.arguments import add_scheme_argument
+from producers.workloads import DEFAULT_WORKLOAD
+
+DEFAULT_SCHEME = "pkg"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="run producers, grouping stage, Spark workers and aggregator end to end",
+        description=__doc__.split("\n\n")[1].replace("``", "`"),
+    )
+    add_scheme_argument(parser, DEFAULT_SCHEME)
+    parser.add_argument("--records", type=int, default=100_000, help="records (100000)")
+    parser.add_argument("--workers", type=int, default=8, metavar="W", help="workers (8)")
+    parser.add_argument("--sources", type=int, default=2, metavar="S", help="sources (2)")
+    parser.add_argument(
+        "--workload",
+        default=DEFAULT_WORKLOAD,
+        metavar="SPEC",
+        help=f"key stream (producers/workloads.py; default {DEFAULT_WORKLOAD})",
+    )
+    parser.add_argument(
+        "--rate", type=float, metavar="R", help="pace the producers at R records/s (real time)"
+    )
+    parser.add_argument(
+        "--window", type=float, default=10.0, metavar="SECONDS", help="tumbling window (10)"
+    )
+    parser.add_argument(
+        "--cpu-cost-us", type=float, default=0.0, metavar="C", help="per-record work, µs (0)"
+    )
+    parser.add_argument(
+        "--event-rate",
+        type=float,
+        metavar="E",
+        help="synthetic event time: records per second of event time (default: produce's)",
+    )
+    parser.add_argument("--top-k", type=int, default=10, metavar="K", help="top keys (10)")
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a scheme parameter, e.g. theta_max=0.1 (repeatable)",
+    )
+    parser.add_argument(
+        "--control-interval",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="routing-table schemes: seconds between the controller's rounds (2)",
+    )
+    parser.add_argument("--verify", action="store_true", help="exit 1 unless counts are exact")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--run-id", help="run id (default: a fresh demo-XXXXXXXX)")
+    parser.add_argument("--topic-prefix", help="prefix of the run's topics (default: RUN-)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the run's topics, Redis keys and checkpoint"
+    )
+    parser.add_argument("--no-start", action="store_true", help="never start services")
+    parser.add_argument(
+        "--keep-services", action="store_true", help="leave services it started running"
+    )
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds (1800)")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.set_defaults(handler=run)
+
+
+class ProgressPrinter:
+    """Progress on stderr: one line rewritten in place on a terminal, a line every few
+    seconds otherwise (logs and CI)."""
+
+    def __init__(self, records: int, stream: TextIO | None = None) -> None:
+        self.records = records
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.calls = 0
+        self.width = 0
+
+    def __call__(self, progress: object) -> None:
+        self.calls += 1
+        if not self.tty and self.calls % 5 != 1:
+            return
+        line = progress.line(self.records)  # type: ignore[attr-defined]
+        if self.tty:
+            self.stream.write("\r" + line.ljust(self.width))
+            self.width = len(line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.tty and self.width:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _say(line: str) -> None:
+    print(f"skewer demo: {line}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.cli.arguments import UsageError
+    from pipeline.io import config
+    from pipeline.runs import orchestrator, report
+
+    scheme = config.resolve_scheme(args.scheme, DEFAULT_SCHEME)
+    fields = {
+        "scheme": scheme,
+        "records": args.records,
+        "workers": args.workers,
+        "sources": args.sources,
+        "workload": args.workload,
+        "rate": args.rate,
+        "window_ms": round(args.window * 1000),
+        "cpu_cost_us": args.cpu_cost_us,
+        "top_k": args.top_k,
+        "topic_prefix": args.topic_prefix,
+        "control_interval": args.control_interval,
+        "params": tuple(args.param),
+    }
+    if args.event_rate is not None:
+        fields["event_rate"] = args.event_rate
+    if args.run_id:
+        fields["run_id"] = args.run_id
+    plan = orchestrator.RunPlan(**fields)
+    try:
+        plan.validate()
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+    settings = config.load()
+    try:
+        lease = orchestrator.ensure_services(
+            settings, start=not args.no_start, keep=args.keep_services
+        )
+    except orchestrator.PipelineError as error:
+        _say(f"error: {error}")
+        return 1
+    if lease.started:
+        kept = "kept running" if args.keep_services else "stopped at the end"
+        _say(f"started {', '.join(lease.started)} ({kept})")
+    quiet = args.quiet
+    if not quiet:
+        _say(
+            f"run {plan.run_id}: scheme {plan.scheme}, W={plan.workers} workers, "
+            f"S={plan.sources} sources, {plan.records:,} records of {plan.workload}, "
+            f"windows of {plan.window_ms / 1000:g} s, CPU cost {plan.cpu_cost_us:g} µs/record"
+        )
+    printer = ProgressPrinter(plan.records)
+    summary = None
+    report_png: str | None = None
+    try:
+        with orchestrator.Pipeline(plan, settings, log=None if quiet else _say) as pipeline:
+            try:
+                pipeline.prepare()
+                pipeline.start_all()
+                pipeline.wait(timeout=args.timeout, on_progress=None if quiet else printer)
+                summary = pipeline.summary()
+                report_png = report.report_for_demo(
+                    pipeline.store.client, plan.run_id, plan.scheme, settings.run_dir, _say
+                )
+            finally:
+                printer.done()
+                # Stop what still runs before deleting the run (a failure, Ctrl-C, a timeout);
+                # a failed run's logs stay for the error message to point at.
+                pipeline.stop()
+                if args.keep:
+                    topics = ", ".join(plan.topics)
+                    _say(f"kept: topics {topics}, Redis keys {plan.names.redis_prefix}*")
+                else:
+                    pipeline.cleanup(logs=summary is not None)
+    except orchestrator.PipelineError as error:
+        _say(f"error: {error}")
+        return 1
+    except KeyboardInterrupt:
+        _say("interrupted: every stage stopped")
+        raise
+    finally:
+        lease.release()
+
+    if args.json:
+        print(json.dumps({**summary.as_json(), "report_png": report_png}))
+    else:
+        print(
+            f"run {plan.run_id}: scheme {plan.scheme}, {plan.records:,} records of "
+            f"{plan.workload}, W={plan.workers}, S={plan.sources}"
+        )
+        print("\n".join(summary.lines()))
+        print("\n".join(summary.verification.lines()))
+        if report_png:
+            print(f"report: {report_png}")
+    if args.verify and not summary.exact:
+        if args.json:
+            for line in summary.verification.lines():
+                print(line, file=sys.stderr)
+        return 1
+    return 0

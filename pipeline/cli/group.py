@@ -1,0 +1,104 @@
+"""`skewer group`: the grouping stage, topic ``keys`` -> topic ``work`` (partition w = worker w).
+
+S sources, one per partition of ``keys``, each with its own scheme object; the scheme is
+``--scheme``, else the environment variable ``GROUPING_SCHEME``, else ``key``. Records are
+validated (bad ones go to ``dead-letters`` with a reason), routed in batches and written to
+``work`` exactly once (one Kafka transaction per batch, with the consumed offset). One source
+runs in this process; several run as one process each (``--source s ...`` picks some).
+``--until-end`` exits once END_OF_STREAM of the source's producers is forwarded. Exit 2 on a
+bad scheme, W or topic, 1 when Kafka or Redis does not answer or a source fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pipeline.cli.arguments import add_param_argument, add_scheme_argument, add_stage_arguments
+from pipeline.observe.exporter import start_exporter
+
+DEFAULT_SCHEME = "key"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "group",
+        help="grouping stage: route topic keys into partition w of topic work, exactly once",
+        description=__doc__.split("\n\n")[0],
+    )
+    add_scheme_argument(parser, DEFAULT_SCHEME)
+    parser.add_argument("--workers", type=int, required=True, metavar="W")
+    parser.add_argument("--sources", type=int, default=1, metavar="S", help="(default 1)")
+    parser.add_argument(
+        "--source", type=int, nargs="+", metavar="s", help="run only these sources (0..S-1)"
+    )
+    parser.add_argument("--batch-size", type=int, default=20_000, help="records per transaction")
+    add_param_argument(parser)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the scheme objects")
+    add_stage_arguments(parser, scheme_label=False, until_end="exit after forwarding END_OF_STREAM")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from operators.params import parse_params
+    from pipeline.cli.arguments import UsageError, require_at_least
+    from pipeline.io import config, kafka_io
+    from pipeline.stages import grouping
+
+    scheme = config.resolve_scheme(args.scheme, DEFAULT_SCHEME)
+    require_at_least(1, ("--sources", args.sources), ("--batch-size", args.batch_size))
+    sources = sorted(set(args.source)) if args.source else list(range(args.sources))
+    if any(not 0 <= s < args.sources for s in sources):
+        raise UsageError(f"--source must lie in 0..{args.sources - 1}, got {args.source}")
+    settings = config.load()
+    stage = grouping.StageConfig(
+        bootstrap=settings.kafka_bootstrap,
+        redis_url=settings.redis_url,
+        names=kafka_io.RunNames(args.run_id, args.topic_prefix),
+        scheme=scheme,
+        n_workers=args.workers,
+        n_sources=args.sources,
+        params=parse_params(args.param),
+        seed=args.seed,
+        batch_size=args.batch_size,
+        until_end=args.until_end,
+    )
+    try:
+        grouping.prepare(stage)
+        # Several sources run as child processes: they record into the exporter's
+        # multiprocess folder, which it sets before they start.
+        exporter = start_exporter(
+            "group", args.run_id, scheme, args.metrics_port, multiprocess=len(sources) > 1
+        )
+        try:
+            summaries = grouping.run_sources(stage, sources)
+        finally:
+            exporter.close()
+    except grouping.StageError as error:
+        print(f"skewer group: error: {error}", file=sys.stderr)
+        return 1
+    total = {
+        "scheme": scheme,
+        "workers": args.workers,
+        "sources": sources,
+        "records": sum(s.records for s in summaries),
+        "data": sum(s.data for s in summaries),
+        "watermarks": sum(s.watermarks for s in summaries),
+        "dead_letters": {
+            reason: sum(s.dead_letters[reason] for s in summaries) for reason in grouping.REASONS
+        },
+        "routed": [sum(s.routed[w] for s in summaries) for w in range(args.workers)],
+        "seconds": round(max((s.seconds for s in summaries), default=0.0), 3),
+        "ended": all(s.ended for s in summaries),
+    }
+    if args.json:
+        print(json.dumps(total))
+    else:
+        bad = sum(total["dead_letters"].values())
+        print(
+            f"group ({scheme}, W={args.workers}): {total['data']:,} records routed from "
+            f"source(s) {', '.join(map(str, sources))}, {bad:,} dead letter(s) "
+            f"{total['dead_letters']}, in {total['seconds']:.2f} s"
+        )
+    return 0

@@ -1,0 +1,57 @@
+"""`skewer report`: one PNG of a run's imbalance over time and per-worker load, from Redis.
+
+Reads the run's timeline (samples the aggregator took about once a second), its workers'
+cumulative records and the controller's rebalances from Redis, draws the imbalance per
+interval and cumulative (max/avg load, and I(t) as a fraction of records) over time and the
+records per worker against their average, writes the PNG (default
+`{run_dir}/reports/{run}.png`) and prints its path. Exit 2 for an unknown run or a path it
+cannot write, 1 when Redis does not answer. See pipeline/runs/report.py for the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipeline.observe.exporter import UNKNOWN_SCHEME
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="write a PNG of a run's imbalance over time and per-worker load",
+        description=__doc__.split("\n\n")[1].replace("``", "`"),
+    )
+    parser.add_argument("--run-id", required=True, help="the run (its Redis keys skewer:RUN:*)")
+    parser.add_argument("--out", type=Path, metavar="PATH", help="PNG path")
+    parser.add_argument(
+        "--scheme", default=UNKNOWN_SCHEME, metavar="NAME", help="scheme named in the title"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.cli.arguments import UsageError
+    from pipeline.io import config, kafka_io
+    from pipeline.io.state_store import RunKeys
+    from pipeline.runs import report
+
+    try:
+        RunKeys(args.run_id)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    settings = config.load()
+    path = args.out or report.default_path(args.run_id, settings.run_dir)
+    client = kafka_io.connect_redis(settings.redis_url)
+    try:
+        written, data = report.write_run_report(client, args.run_id, args.scheme, path)
+    except report.ReportError as error:
+        raise UsageError(str(error)) from None
+    finally:
+        client.close()
+    for what, count in data.skipped.items():
+        if count:
+            print(f"skewer report: skipped {count} malformed {what} entries", file=sys.stderr)
+    print(written)
+    return 0

@@ -1,0 +1,129 @@
+"""`skewer work`: the W workers, one Spark Structured Streaming query on topic ``work``.
+
+Kafka partition w of ``work`` is worker w (Spark ``local[max(W, 2)]``, one task per partition);
+each worker counts its records per (key, tumbling window) into Redis, idempotently per
+(worker, micro-batch), and tracks its watermark (see pipeline/stages/worker_job.py).
+``--cpu-cost-us C`` makes each worker spend C µs per record, as a wait, so W workers on a
+small machine behave like W machines. ``--checkpoint DIR`` is Spark's checkpoint (default
+``.cache/checkpoints/{topic prefix}{run id}/work``): restart with the same one after a crash.
+``--until-end`` stops once every worker's watermark is END_OF_STREAM. ``--sources S`` is the
+number of grouping sources (default: the partition count of topic ``keys``). Exit 2 on bad
+arguments, 1 when Kafka or Redis does not answer or the query fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from pipeline.cli.arguments import add_stage_arguments, stop_on_sigterm
+from pipeline.observe import workers as worker_metrics
+from pipeline.observe.exporter import scheme_label, start_exporter
+
+#: How long to wait for topic ``keys`` to appear when ``--sources`` is not given.
+KEYS_TOPIC_WAIT_SECONDS = 60.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "work",
+        help="run the Spark workers on topic work (partition w = worker w), state in Redis",
+        description=__doc__.split("\n\n")[1].replace("``", "`"),
+    )
+    parser.add_argument("--workers", type=int, required=True, metavar="W")
+    parser.add_argument("--window-ms", type=int, default=10_000, help="window length (10000)")
+    parser.add_argument(
+        "--cpu-cost-us", type=float, default=0.0, metavar="C", help="wait per record, µs (0)"
+    )
+    parser.add_argument("--sources", type=int, metavar="S", help="grouping sources")
+    parser.add_argument("--checkpoint", type=Path, metavar="DIR", help="Spark checkpoint folder")
+    parser.add_argument(
+        "--max-records-per-batch",
+        type=int,
+        metavar="N",
+        help="records per micro-batch over all workers (Spark's maxOffsetsPerTrigger)",
+    )
+    add_stage_arguments(parser, scheme_label=True, until_end="stop at END_OF_STREAM")
+    parser.add_argument("--verbose", action="store_true", help="a line per micro-batch")
+    parser.set_defaults(handler=run)
+
+
+def _sources(bootstrap: str, keys_topic: str) -> int:
+    from pipeline.cli.arguments import UsageError
+    from pipeline.io import kafka_io
+
+    deadline = time.monotonic() + KEYS_TOPIC_WAIT_SECONDS
+    while (partitions := kafka_io.topic_partitions(bootstrap, keys_topic)) is None:
+        if time.monotonic() > deadline:
+            raise UsageError(f"topic {keys_topic!r} does not exist: pass --sources")
+        time.sleep(0.5)
+    return partitions
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.cli.arguments import UsageError
+    from pipeline.io import config, kafka_io
+    from pipeline.stages import worker_job
+
+    settings = config.load()
+    names = kafka_io.RunNames(args.run_id, args.topic_prefix)
+    checkpoint = args.checkpoint or (
+        settings.cache_dir / "checkpoints" / f"{args.topic_prefix}{args.run_id}" / "work"
+    )
+    options = worker_job.WorkOptions(
+        workers=args.workers,
+        sources=args.sources or 1,  # checked again below once known
+        kafka_bootstrap=settings.kafka_bootstrap,
+        redis_url=settings.redis_url,
+        checkpoint=checkpoint.resolve(),
+        work_topic=names.work_topic,
+        window_ms=args.window_ms,
+        cpu_cost_us=args.cpu_cost_us,
+        run_id=args.run_id,
+        until_end=args.until_end,
+        max_records_per_batch=args.max_records_per_batch,
+    )
+    try:
+        options.validate()
+    except worker_job.WorkerConfigError as error:
+        raise UsageError(str(error)) from None
+    if args.sources is not None and args.sources < 1:
+        raise UsageError(f"--sources must be >= 1, got {args.sources}")
+    kafka_io.require_kafka(settings.kafka_bootstrap)
+    kafka_io.connect_redis(settings.redis_url).close()
+    kafka_io.ensure_topic(settings.kafka_bootstrap, names.work_topic, args.workers)
+    if args.sources is None:
+        sources = _sources(settings.kafka_bootstrap, names.keys_topic)
+        options = dataclasses.replace(options, sources=sources)
+    scheme = scheme_label(args.scheme)
+    exporter = start_exporter("work", args.run_id, scheme, args.metrics_port)
+    if exporter.enabled:  # the workers' series: Redis and Kafka, read at each scrape
+        lag = worker_metrics.WorkTopicLag(
+            settings.kafka_bootstrap, names.work_topic, args.workers, options.checkpoint
+        )
+        exporter.register(
+            worker_metrics.WorkerCollector(exporter.labels, args.workers, settings.redis_url, lag)
+        )
+    stop_on_sigterm()
+    try:
+        summary = worker_job.run(options, on_batch=worker_job.log_batch if args.verbose else None)
+    except worker_job.WorkerConfigError as error:
+        raise UsageError(str(error)) from None
+    except worker_job.WorkerJobError as error:
+        print(f"skewer work: error: {error}", file=sys.stderr)
+        return 1
+    finally:
+        exporter.close()
+    if args.json:
+        print(json.dumps({"run_id": args.run_id, "workers": args.workers, **vars(summary)}))
+    else:
+        print(
+            f"worker job: {summary.batches} micro-batch(es) in {summary.seconds:.1f} s, "
+            f"records per worker {summary.processed} (total {sum(summary.processed):,})"
+            + ("" if summary.finished else ", stopped before END_OF_STREAM")
+        )
+    return 0

@@ -1,0 +1,333 @@
+"""Kafka and Redis plumbing of the live pipeline: names of a run, topics, client configurations.
+
+One *run* (``--run-id``, default ``"default"``) owns four topics, named with an optional prefix
+(``--topic-prefix``, default ``""``: DESIGN.md's names) so runs and tests sit side by side, and
+every Redis key under ``skewer:{run_id}:``. :class:`RunNames` spells them all in one place.
+
+Client configurations come from builders here so every stage (and the benchmark's passthrough)
+uses the same settings:
+
+- :func:`producer_config` -- idempotent (no duplicates, per-partition order kept across
+  retries); partitions are always passed explicitly, because partition w of ``work`` is
+  worker w (confluent-kafka's default partitioner is CRC32-based, not Java's murmur2).
+- :func:`transactional_producer_config` -- a ``transactional.id`` per source: the grouping
+  stage's exactly-once hop from ``keys`` to ``work``.
+- :func:`consumer_config` -- manual assignment, no auto-commit, ``read_committed``, so aborted
+  transactions of a crashed stage are never read downstream.
+
+Topics are created explicitly with their partition count (auto-creation is off on the native
+broker); :func:`ensure_topic` is idempotent and fails with one line when an existing topic has
+another partition count, since that count is part of the routing.
+
+Example:
+    >>> names = RunNames(run_id="r1", topic_prefix="t-")
+    >>> names.keys_topic, names.work_topic, names.dead_letters_topic
+    ('t-keys', 't-work', 't-dead-letters')
+    >>> names.redis_key("truth", 10000)
+    'skewer:r1:truth:10000'
+    >>> transactional_producer_config("h:1", "skewer.r1.t-group.0")["transactional.id"]
+    'skewer.r1.t-group.0'
+    >>> consumer_config("h:1", "g")["isolation.level"]
+    'read_committed'
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pipeline.io import probes, records
+from pipeline.io.config import redacted_url
+
+if TYPE_CHECKING:
+    import redis
+
+#: ``max.message.bytes`` of the ``keys`` and ``dead-letters`` topics (and the producers'
+#: ``message.max.bytes``): room for a key somewhat over :data:`records.MAX_KEY_BYTES`, so an
+#: oversized key reaches the grouping stage and is dead-lettered with its reason (and kept,
+#: whole, as the dead letter's key) instead of being refused by the broker with a generic error.
+LARGE_MESSAGE_BYTES = 4 * records.MAX_KEY_BYTES
+
+
+class KafkaIOError(Exception):
+    """A topic or service is not as the run needs it; the message is one line for the user."""
+
+
+class ServiceUnavailableError(KafkaIOError):
+    """Kafka or Redis does not answer (the command exits 1)."""
+
+
+@dataclass(frozen=True)
+class RunNames:
+    """Topic names and Redis keys of one run."""
+
+    run_id: str = "default"
+    topic_prefix: str = ""
+
+    @property
+    def keys_topic(self) -> str:
+        return f"{self.topic_prefix}keys"
+
+    @property
+    def work_topic(self) -> str:
+        return f"{self.topic_prefix}work"
+
+    @property
+    def results_topic(self) -> str:
+        return f"{self.topic_prefix}results"
+
+    @property
+    def dead_letters_topic(self) -> str:
+        return f"{self.topic_prefix}dead-letters"
+
+    @property
+    def redis_prefix(self) -> str:
+        return f"skewer:{self.run_id}:"
+
+    def redis_key(self, *parts: object) -> str:
+        """``skewer:{run_id}:part:part...``"""
+        return self.redis_prefix + ":".join(str(part) for part in parts)
+
+    def transactional_id(self, source: int) -> str:
+        """One per grouping source: a restarted source fences its predecessor by this id."""
+        return f"skewer.{self.run_id}.{self.topic_prefix}group.{source}"
+
+    def consumer_group(self, source: int) -> str:
+        """One group per source: its committed offset of ``keys`` partition ``source``."""
+        return f"skewer.{self.run_id}.{self.topic_prefix}group.{source}"
+
+
+def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
+    """An idempotent producer: exactly once per partition across retries, order kept."""
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 10,
+        "batch.num.messages": 10_000,
+        "queue.buffering.max.messages": 1_000_000,
+        "message.max.bytes": LARGE_MESSAGE_BYTES + 65_536,
+        "log_level": 3,
+    }
+    config.update(overrides)
+    return config
+
+
+def transactional_producer_config(
+    bootstrap: str, transactional_id: str, **overrides: Any
+) -> dict[str, Any]:
+    """An idempotent producer whose writes (and consumed offsets) commit atomically."""
+    config = producer_config(bootstrap, **{"transactional.id": transactional_id})
+    # A transaction spans one consumed batch; a source that dies with one open has it aborted
+    # when it (or its successor) calls init_transactions, or by the broker after this timeout.
+    config["transaction.timeout.ms"] = 60_000
+    config.update(overrides)
+    return config
+
+
+def consumer_config(bootstrap: str, group_id: str, **overrides: Any) -> dict[str, Any]:
+    """A consumer for manual assignment whose offsets are committed only by transactions."""
+    config: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+        "enable.partition.eof": False,
+        "fetch.wait.max.ms": 50,
+        "queued.min.messages": 200_000,
+        "max.partition.fetch.bytes": 8 << 20,
+        # librdkafka pauses fetching this long once its local queue is full (default 1 s):
+        # with batch consumption that is a stall every time the queue refills.
+        "fetch.queue.backoff.ms": 10,
+        "log_level": 3,
+    }
+    config.update(overrides)
+    return config
+
+
+def require_kafka(bootstrap: str, timeout: float = 5.0) -> None:
+    """:class:`ServiceUnavailableError` with one line unless a broker answers at ``bootstrap``."""
+    if not probes.kafka_answers(bootstrap, timeout=timeout):
+        raise ServiceUnavailableError(
+            f"kafka does not answer at {bootstrap} (start it: skewer services up)"
+        )
+
+
+def connect_redis(url: str, timeout: float = 5.0) -> redis.Redis:
+    """A Redis client of ``url`` that answered PING; :class:`ServiceUnavailableError` otherwise."""
+    import redis as redis_module
+
+    client = redis_module.Redis.from_url(url, socket_timeout=30.0, socket_connect_timeout=timeout)
+    try:
+        client.ping()
+    except redis_module.AuthenticationError as error:
+        client.close()
+        raise ServiceUnavailableError(
+            f"redis at {redacted_url(url)} refused the credentials: {error}"
+        ) from None
+    except redis_module.RedisError:
+        client.close()
+        raise ServiceUnavailableError(
+            f"redis does not answer at {redacted_url(url)} (start it: skewer services up)"
+        ) from None
+    return client
+
+
+def topic_partitions(bootstrap: str, name: str, timeout: float = 10.0) -> int | None:
+    """Partition count of topic ``name``, or None if it does not exist."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    topic = admin.list_topics(topic=name, timeout=timeout).topics.get(name)
+    if topic is None or topic.error is not None:
+        return None
+    return len(topic.partitions)
+
+
+def ensure_topic(
+    bootstrap: str,
+    name: str,
+    partitions: int,
+    config: dict[str, str] | None = None,
+    timeout: float = 30.0,
+) -> bool:
+    """Create ``name`` with ``partitions`` partitions unless it exists; True if created.
+
+    An existing topic must have exactly ``partitions`` partitions (:class:`KafkaIOError`
+    otherwise). Two processes creating the same topic at once both succeed.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    existing = topic_partitions(bootstrap, name)
+    created = False
+    if existing is None:
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+        futures = admin.create_topics(
+            [NewTopic(name, partitions, 1, config=dict(config or {}))], request_timeout=timeout
+        )
+        try:
+            futures[name].result(timeout=timeout)
+            created = True
+        except KafkaException as error:
+            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise KafkaIOError(f"kafka: cannot create topic {name!r}: {error}") from None
+        deadline = time.monotonic() + timeout
+        while (existing := topic_partitions(bootstrap, name)) is None:
+            if time.monotonic() > deadline:
+                raise KafkaIOError(f"kafka: topic {name!r} did not appear in {timeout:.0f} s")
+            time.sleep(0.05)
+        # create_topic's own wait: every partition has a leader before anyone produces.
+        _wait_for_leaders(bootstrap, name, timeout)
+    if existing != partitions:
+        raise KafkaIOError(
+            f"topic {name!r} has {existing} partitions, but this run needs {partitions} "
+            "(use another --topic-prefix or delete the topic)"
+        )
+    return created
+
+
+def ensure_run_topics(
+    bootstrap: str, names: RunNames, *, sources: int | None = None, workers: int | None = None
+) -> None:
+    """Create the run's topics that are missing, each with its partition count and size limit.
+
+    ``keys`` has S partitions (``sources``), ``work`` W (``workers``); ``results`` and
+    ``dead-letters`` one. A topic whose count is not given is only created if its count is
+    fixed (results, dead-letters). ``keys``, ``work`` and ``dead-letters`` accept records up
+    to :data:`LARGE_MESSAGE_BYTES`, so any key the stage accepts (up to MAX_KEY_BYTES) fits
+    everywhere it goes.
+    """
+    large = {"max.message.bytes": str(LARGE_MESSAGE_BYTES)}
+    if sources is not None:
+        ensure_topic(bootstrap, names.keys_topic, sources, large)
+    if workers is not None:
+        ensure_topic(bootstrap, names.work_topic, workers, large)
+    ensure_topic(bootstrap, names.dead_letters_topic, 1, large)
+    ensure_topic(bootstrap, names.results_topic, 1)
+
+
+def _wait_for_leaders(bootstrap: str, name: str, timeout: float) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        topic = admin.list_topics(topic=name, timeout=timeout).topics.get(name)
+        if topic is not None and all(p.leader >= 0 for p in topic.partitions.values()):
+            return
+        time.sleep(0.05)
+    raise KafkaIOError(f"kafka: topic {name!r} has no leaders after {timeout:.0f} s")
+
+
+@dataclass(frozen=True)
+class StoredRecord:
+    """One record read back from a topic."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+def read_topic(
+    bootstrap: str, topic: str, *, read_committed: bool = True, timeout: float = 60.0
+) -> list[StoredRecord]:
+    """Every record of ``topic`` up to its current end, in partition then offset order.
+
+    With ``read_committed`` (the default) records of aborted transactions are skipped; the read
+    ends when every partition's position reaches its high watermark (librdkafka's position
+    moves past transaction markers), or raises :class:`KafkaIOError` after ``timeout``.
+    """
+    import uuid
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    count = topic_partitions(bootstrap, topic)
+    if count is None:
+        raise KafkaIOError(f"kafka: no topic {topic!r}")
+    isolation = "read_committed" if read_committed else "read_uncommitted"
+    consumer = Consumer(
+        consumer_config(
+            bootstrap, f"skewer-reader-{uuid.uuid4().hex}", **{"isolation.level": isolation}
+        )
+    )
+    partitions = [TopicPartition(topic, p, 0) for p in range(count)]
+    ends = [consumer.get_watermark_offsets(tp, timeout=timeout)[1] for tp in partitions]
+    consumer.assign(partitions)
+    out: list[StoredRecord] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            positions = consumer.position(partitions)
+            if all(max(tp.offset, 0) >= end for tp, end in zip(positions, ends, strict=True)):
+                break
+            if time.monotonic() > deadline:
+                raise KafkaIOError(f"kafka: reading {topic!r} did not finish in {timeout:.0f} s")
+            for message in consumer.consume(num_messages=100_000, timeout=0.2):
+                if message.error() is None:
+                    out.append(
+                        StoredRecord(
+                            message.partition(), message.offset(), message.key(), message.value()
+                        )
+                    )
+    finally:
+        consumer.close()
+    out.sort(key=lambda record: (record.partition, record.offset))
+    return out
+
+
+def delete_topics(bootstrap: str, names: Sequence[str], timeout: float = 30.0) -> None:
+    """Delete the topics that exist among ``names`` (tests and benchmarks clean up with it)."""
+    from confluent_kafka.admin import AdminClient
+
+    present = [name for name in names if topic_partitions(bootstrap, name) is not None]
+    if not present:
+        return
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    for future in admin.delete_topics(present, request_timeout=timeout).values():
+        future.result(timeout=timeout)

@@ -1,0 +1,64 @@
+"""Health probes: does the Kafka, Redis or Prometheus at an address answer? (layer: io)
+
+The native services' health checks, the test fixtures (against native services and
+containers alike) and the stages' start-up checks all ask these. Each probe returns a bool
+within its timeout and never raises: a refused connection answers at once.
+
+Example:
+    >>> accepts_connections("127.0.0.1:1", timeout=0.2)
+    False
+    >>> kafka_answers("127.0.0.1:1", timeout=0.2), redis_answers("redis://127.0.0.1:1/0", 0.2)
+    (False, False)
+"""
+
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+
+
+def accepts_connections(address: str, timeout: float) -> bool:
+    host, _, port = address.strip().rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def kafka_answers(bootstrap: str, timeout: float = 2.0) -> bool:
+    """A metadata request to ``bootstrap`` returns at least one broker within ``timeout``."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    # A refused connection is an answer at once; librdkafka would retry until the timeout.
+    if not any(accepts_connections(address, timeout) for address in bootstrap.split(",")):
+        return False
+    # log_level 0 keeps librdkafka from printing "connection refused" while a broker boots.
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException:
+        return False
+    return len(metadata.brokers) > 0
+
+
+def redis_answers(url: str, timeout: float = 2.0) -> bool:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+def prometheus_answers(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/-/ready", timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False

@@ -1,0 +1,556 @@
+"""Window state of the live pipeline in Redis: per-worker partial counts, watermarks, results.
+
+Every key of a run starts with ``skewer:{run_id}:`` (:class:`RunKeys` names them all), so runs
+and tests live side by side in one Redis. The workers (:mod:`pipeline.stages.worker_job`) write, the
+aggregator (:mod:`pipeline.stages.aggregator`) merges and frees, verification reads.
+
+The keys (after the prefix): ``truth:{window}`` and ``producer:{p}:sent`` (the producers');
+``state:{worker}:{window}`` hash key -> partial count; ``applied:{worker}`` last applied batch
+id; ``wm:{worker}`` the worker's watermark and ``wm:{worker}:sources`` hash source -> latest
+watermark; ``windows:open`` (windows with partial state), ``windows:closed`` (frozen by the
+aggregator), ``windows:final``, ``windows:published``; ``result:{window}`` hash key -> final
+count and ``topk:{window}`` (JSON ``[[key, count], ...]``); ``config`` (window_ms, workers);
+``stats:records|rejected|late|batches`` hashes worker -> count, ``stats:latency:{worker}`` hash
+bucket -> records, ``stats:windows`` (aggregator totals: windows, records, state_entries,
+distinct_keys).
+
+Two atomic steps carry the pipeline's exactness (DESIGN.md invariant 1):
+
+``apply`` -- one Lua script per (worker, micro-batch): adds the batch's counts per (window, key)
+to ``state:{worker}:{window}``, raises the worker's per-source watermarks and ``wm:{worker}``,
+bumps the worker's counters, and sets ``applied:{worker}`` to the batch id -- or does nothing if
+``applied:{worker}`` is already at or past that id. Why (worker, batch id) is a sufficient
+idempotence key: Spark writes a micro-batch's offset range per Kafka partition to its offset
+log *before* running it, and a restarted query re-runs the last logged batch with exactly the
+same ranges and the same id; batch ids grow by one per batch. Partition w of ``work`` is
+worker w and one task reads all of it for the batch, so (worker, batch id) names one fixed
+set of records, applied whole or not at all. A retried task, a re-run batch after a crash, or
+a zombie write of an old batch all find ``applied >= id`` and change nothing.
+
+``finalize_window`` -- one Lua script per window: writes ``result:{window}`` and
+``topk:{window}``, deletes every worker's ``state:*:{window}``, and adds the window to
+``windows:final`` -- guarded by that set, so a rerun after a crash does nothing twice. Before
+it, :meth:`StateStore.close_window` adds the window to ``windows:closed`` and reads the
+partials in one MULTI: from then on ``apply`` counts any record of that window as late
+(``stats:late``) instead of changing the partials, so the partials the aggregator merged are
+exactly the ones finalize deletes, even if a producer broke its watermark promise.
+
+Watermarks in Lua are compared as doubles (Redis' Lua numbers) but stored as the original
+strings: exact for event times below 2⁵³ ms and for END_OF_STREAM.
+
+Latency: each applied DATA record adds one to a log-spaced histogram bucket of its end-to-end
+latency (:func:`latency_buckets`), 20 buckets per decade (12 % wide), so p50/p99 come from
+counters that are themselves idempotent, with no unbounded sample list.
+
+Example:
+    >>> keys = RunKeys("demo")
+    >>> keys.state(3, 20_000), keys.wm(3), keys.windows_final
+    ('skewer:demo:state:3:20000', 'skewer:demo:wm:3', 'skewer:demo:windows:final')
+    >>> latency_buckets(np.array([0.5, 1.0, 1.2, 10.0, 11.0])).tolist()
+    [0, 0, 2, 20, 21]
+    >>> latency_quantile({0: 50, 20: 49, 40: 1}, 0.99)
+    10.0
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from operators.keys import KeyBatch
+from pipeline.io.kafka_io import RunNames
+
+if TYPE_CHECKING:
+    import redis as redis_module
+
+#: Latency histogram buckets per decade: bucket b > 0 holds (10^((b-1)/20), 10^(b/20)] ms.
+BUCKETS_PER_DECADE = 20
+
+
+class RunKeys:
+    """Names of the Redis keys of one run's window state (prefix from ``kafka_io.RunNames``)."""
+
+    def __init__(self, run_id: str) -> None:
+        if not run_id or any(c in run_id for c in ":*?[] \n"):
+            raise ValueError(f"run id {run_id!r} must be non-empty, without ':', spaces or globs")
+        self.run_id = run_id
+        self.prefix = RunNames(run_id=run_id).redis_prefix
+
+    def truth(self, window: int) -> str:
+        return f"{self.prefix}truth:{window}"
+
+    def producer_sent(self, producer: int) -> str:
+        return f"{self.prefix}producer:{producer}:sent"
+
+    def state(self, worker: int, window: int) -> str:
+        return f"{self.prefix}state:{worker}:{window}"
+
+    def applied(self, worker: int) -> str:
+        return f"{self.prefix}applied:{worker}"
+
+    def wm(self, worker: int) -> str:
+        return f"{self.prefix}wm:{worker}"
+
+    def wm_sources(self, worker: int) -> str:
+        """Hash source -> that source's latest watermark seen by ``worker``."""
+        return f"{self.prefix}wm:{worker}:sources"
+
+    def result(self, window: int) -> str:
+        return f"{self.prefix}result:{window}"
+
+    def topk(self, window: int) -> str:
+        return f"{self.prefix}topk:{window}"
+
+    def latency(self, worker: int) -> str:
+        return f"{self.prefix}stats:latency:{worker}"
+
+    @property
+    def windows_open(self) -> str:
+        return f"{self.prefix}windows:open"
+
+    @property
+    def windows_closed(self) -> str:
+        return f"{self.prefix}windows:closed"
+
+    @property
+    def windows_final(self) -> str:
+        return f"{self.prefix}windows:final"
+
+    @property
+    def windows_published(self) -> str:
+        return f"{self.prefix}windows:published"
+
+    @property
+    def config(self) -> str:
+        return f"{self.prefix}config"
+
+    def held(self, worker: int, window: int) -> str:
+        """Hash key -> count of records of a migrating key held back at its new worker."""
+        return f"{self.prefix}held:{worker}:{window}"
+
+    def table_versions(self, worker: int) -> str:
+        """Hash source -> the routing-table version of that source's last TABLE_SWITCH here."""
+        return f"{self.prefix}wv:{worker}"
+
+    def ctl(self, name: str) -> str:
+        """Control-plane keys (:mod:`pipeline.stages.control_plane` documents them)."""
+        return f"{self.prefix}ctl:{name}"
+
+    def stats(self, name: str) -> str:
+        """``stats:records``, ``stats:late``, ``stats:rejected``, ``stats:batches`` (hashes
+        worker -> count) and ``stats:windows`` (aggregator totals)."""
+        return f"{self.prefix}stats:{name}"
+
+
+def latency_buckets(latency_ms: np.ndarray) -> np.ndarray:
+    """Histogram bucket of each latency: 0 for <= 1 ms, else ``ceil(20 log10(ms))``."""
+    latency = np.maximum(np.asarray(latency_ms, dtype=np.float64), 1.0)
+    # The small epsilon keeps exact powers (10 ms -> 20) in their own bucket despite rounding.
+    return np.ceil(BUCKETS_PER_DECADE * np.log10(latency) - 1e-9).astype(np.int64)
+
+
+def bucket_upper_ms(bucket: int) -> float:
+    """Upper edge of a latency bucket, in milliseconds."""
+    return float(10.0 ** (bucket / BUCKETS_PER_DECADE))
+
+
+def latency_quantile(histogram: Mapping[int, int], q: float) -> float | None:
+    """The ``q`` quantile (0 < q <= 1) of a bucket histogram: the upper edge of the first
+    bucket whose cumulative count reaches ``q`` of the total (None when empty)."""
+    if not 0 < q <= 1:
+        raise ValueError("q must be in (0, 1]")
+    total = sum(histogram.values())
+    if total == 0:
+        return None
+    needed = math.ceil(q * total)
+    seen = 0
+    for bucket in sorted(histogram):
+        seen += histogram[bucket]
+        if seen >= needed:
+            return round(bucket_upper_ms(bucket), 3)
+    raise AssertionError("unreachable: the cumulative count reaches the total")
+
+
+@dataclass(frozen=True)
+class WorkerBatch:
+    """What one worker applies for one micro-batch: the unit of idempotence."""
+
+    worker: int
+    batch_id: int
+    windows: np.ndarray  # int64, one per (window, key) pair
+    keys: KeyBatch
+    counts: np.ndarray  # int64, records per pair
+    #: Highest watermark each source sent in this batch.
+    source_watermarks: Mapping[int, int] = field(default_factory=dict)
+    #: Valid DATA records of the batch (the worker's load).
+    records: int = 0
+    #: Values of the batch that did not decode or had no key (skipped, counted).
+    rejected: int = 0
+    #: Latency histogram of the batch's DATA records (bucket -> records).
+    latency: Mapping[int, int] = field(default_factory=dict)
+    #: Highest routing-table version each source switched to in this batch (TABLE_SWITCH).
+    source_versions: Mapping[int, int] = field(default_factory=dict)
+
+    def script_args(self, prefix: str, n_sources: int) -> list[bytes | str | int]:
+        """ARGV of the apply script (layout in :data:`APPLY_SCRIPT`)."""
+        args: list[bytes | str | int] = [prefix, self.worker, self.batch_id, n_sources]
+        args.append(len(self.windows))
+        for window, key, count in zip(
+            self.windows.tolist(), self.keys.to_list(), self.counts.tolist(), strict=True
+        ):
+            args += (window, key, count)
+        args.append(len(self.source_watermarks))
+        for source in sorted(self.source_watermarks):
+            args += (source, int(self.source_watermarks[source]))
+        args += (self.records, self.rejected, len(self.latency))
+        for bucket in sorted(self.latency):
+            args += (bucket, self.latency[bucket])
+        args.append(len(self.source_versions))
+        for source in sorted(self.source_versions):
+            args += (source, int(self.source_versions[source]))
+        return args
+
+
+#: ARGV: prefix, worker, batch id, S, n_pairs, (window, key, count) * n_pairs, n_marks,
+#: (source, watermark) * n_marks, records, rejected, n_buckets, (bucket, count) * n_buckets,
+#: n_switches, (source, table version) * n_switches.
+#: Returns 1 when applied, 0 when the batch was applied before.
+#:
+#: A (window, key) whose key is in ``ctl:pending:{worker}`` (it migrates here and its state has
+#: not arrived yet; :mod:`pipeline.stages.control_plane`) is held back: counted in
+#: ``held:{worker}:{window}`` instead of the state, until the migration moves the state here
+#: and releases it.
+APPLY_SCRIPT = """
+local prefix, worker, batch = ARGV[1], ARGV[2], ARGV[3]
+local applied_key = prefix .. 'applied:' .. worker
+local last = redis.call('GET', applied_key)
+if last and tonumber(last) >= tonumber(batch) then return 0 end
+local n_sources = tonumber(ARGV[4])
+local closed_set = prefix .. 'windows:closed'
+local i = 5
+local n_pairs = tonumber(ARGV[i]); i = i + 1
+local late, held = 0, 0
+local closed = {}
+local pending_key = prefix .. 'ctl:pending:' .. worker
+local migrating = redis.call('SCARD', pending_key) > 0
+for _ = 1, n_pairs do
+  local window, key, count = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  i = i + 3
+  if closed[window] == nil then
+    closed[window] = redis.call('SISMEMBER', closed_set, window) == 1
+    if not closed[window] then redis.call('SADD', prefix .. 'windows:open', window) end
+  end
+  if closed[window] then
+    late = late + tonumber(count)
+  elseif migrating and redis.call('SISMEMBER', pending_key, key) == 1 then
+    redis.call('HINCRBY', prefix .. 'held:' .. worker .. ':' .. window, key, count)
+    held = held + tonumber(count)
+  else
+    redis.call('HINCRBY', prefix .. 'state:' .. worker .. ':' .. window, key, count)
+  end
+end
+local n_marks = tonumber(ARGV[i]); i = i + 1
+local sources_key = prefix .. 'wm:' .. worker .. ':sources'
+for _ = 1, n_marks do
+  local source, mark = ARGV[i], ARGV[i + 1]
+  i = i + 2
+  local old = redis.call('HGET', sources_key, source)
+  if (not old) or tonumber(old) < tonumber(mark) then
+    redis.call('HSET', sources_key, source, mark)
+  end
+end
+if n_marks > 0 and redis.call('HLEN', sources_key) >= n_sources then
+  local low = nil
+  for _, mark in ipairs(redis.call('HVALS', sources_key)) do
+    if low == nil or tonumber(mark) < tonumber(low) then low = mark end
+  end
+  redis.call('SET', prefix .. 'wm:' .. worker, low)
+end
+local records, rejected = ARGV[i], ARGV[i + 1]
+i = i + 2
+redis.call('HINCRBY', prefix .. 'stats:records', worker, records)
+if tonumber(rejected) > 0 then
+  redis.call('HINCRBY', prefix .. 'stats:rejected', worker, rejected)
+end
+if late > 0 then redis.call('HINCRBY', prefix .. 'stats:late', worker, late) end
+local n_buckets = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n_buckets do
+  redis.call('HINCRBY', prefix .. 'stats:latency:' .. worker, ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+local n_switches = tonumber(ARGV[i]); i = i + 1
+local versions_key = prefix .. 'wv:' .. worker
+for _ = 1, n_switches do
+  local source, version = ARGV[i], ARGV[i + 1]
+  i = i + 2
+  local old = redis.call('HGET', versions_key, source)
+  if (not old) or tonumber(old) < tonumber(version) then
+    redis.call('HSET', versions_key, source, version)
+  end
+end
+if held > 0 then
+  redis.call('HINCRBY', prefix .. 'stats:held', worker, held)
+  local migration = redis.call('HGET', prefix .. 'ctl:current', 'migrating')
+  if migration and migration ~= '' then
+    local record = prefix .. 'ctl:migration:' .. migration
+    redis.call('HINCRBY', record, 'held_records', held)
+    -- When the first record was held: a record waits at most until the migration completes.
+    local now = redis.call('TIME')
+    redis.call('HSETNX', record, 'first_held_ms', now[1] * 1000 + math.floor(now[2] / 1000))
+  end
+end
+redis.call('HINCRBY', prefix .. 'stats:batches', worker, 1)
+redis.call('SET', applied_key, batch)
+return 1
+"""
+
+#: ARGV: prefix, window, W, top-k JSON, records, state entries, n_keys, (key, count) * n_keys.
+#: Returns 1 when finalized now, 0 when the window was final already.
+FINALIZE_SCRIPT = """
+local prefix, window = ARGV[1], ARGV[2]
+if redis.call('SISMEMBER', prefix .. 'windows:final', window) == 1 then return 0 end
+local result = prefix .. 'result:' .. window
+redis.call('DEL', result)
+local n_keys = tonumber(ARGV[7])
+local first, last = 8, 7 + 2 * n_keys
+-- HSET in chunks: unpack() of the whole ARGV could overflow Lua's C stack.
+local chunk = 1000
+for start = first, last, chunk do
+  local stop = math.min(start + chunk - 1, last)
+  redis.call('HSET', result, unpack(ARGV, start, stop))
+end
+redis.call('SET', prefix .. 'topk:' .. window, ARGV[4])
+for worker = 0, tonumber(ARGV[3]) - 1 do
+  redis.call('DEL', prefix .. 'state:' .. worker .. ':' .. window)
+  redis.call('DEL', prefix .. 'held:' .. worker .. ':' .. window)
+end
+redis.call('SADD', prefix .. 'windows:final', window)
+redis.call('SREM', prefix .. 'windows:open', window)
+local totals = prefix .. 'stats:windows'
+redis.call('HINCRBY', totals, 'windows', 1)
+redis.call('HINCRBY', totals, 'records', ARGV[5])
+redis.call('HINCRBY', totals, 'state_entries', ARGV[6])
+redis.call('HINCRBY', totals, 'distinct_keys', n_keys)
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class Verification:
+    """Final counts against the producers' ground truth."""
+
+    windows: int
+    keys: int
+    mismatches: list[tuple[int, bytes, int, int]]  # (window, key, truth, result), first few
+    mismatch_count: int
+
+    @property
+    def exact(self) -> bool:
+        return self.mismatch_count == 0 and self.windows > 0
+
+
+def _int_map(raw: Mapping[bytes, bytes]) -> dict[bytes, int]:
+    return {key: int(value) for key, value in raw.items()}
+
+
+def _window_suffix(key: bytes, prefix: bytes) -> int:
+    return int(key[len(prefix) :])
+
+
+class StateStore:
+    """The run's Redis state, one client (``decode_responses`` must be off: keys are bytes)."""
+
+    def __init__(self, client: redis_module.Redis, run_id: str) -> None:
+        self.client = client
+        self.keys = RunKeys(run_id)
+        self._apply = client.register_script(APPLY_SCRIPT)
+        self._finalize = client.register_script(FINALIZE_SCRIPT)
+
+    @classmethod
+    def from_url(cls, url: str, run_id: str) -> StateStore:
+        import redis as redis_module
+
+        return cls(redis_module.Redis.from_url(url), run_id)
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def apply(self, batch: WorkerBatch, n_sources: int) -> bool:
+        """Apply a worker's micro-batch once: True if applied now, False if applied before."""
+        return bool(self._apply(args=batch.script_args(self.keys.prefix, n_sources)))
+
+    def claim_config(self, **values: int) -> dict[str, tuple[int, int]]:
+        """Record the run's settings on first use; return {name: (recorded, given)} that differ
+        (a worker and an aggregator with different window lengths would merge nonsense)."""
+        pipe = self.client.pipeline()
+        for name, value in values.items():
+            pipe.hsetnx(self.keys.config, name, value)
+        pipe.hgetall(self.keys.config)
+        recorded = {k.decode(): int(v) for k, v in pipe.execute()[-1].items()}
+        return {
+            name: (recorded[name], value)
+            for name, value in values.items()
+            if name in recorded and recorded[name] != value
+        }
+
+    def any_applied(self, n_workers: int) -> bool:
+        return bool(self.client.exists(*(self.keys.applied(w) for w in range(n_workers))))
+
+    def applied_batches(self, n_workers: int) -> list[int | None]:
+        values = self.client.mget([self.keys.applied(w) for w in range(n_workers)])
+        return [None if v is None else int(v) for v in values]
+
+    def worker_watermarks(self, n_workers: int) -> list[int | None]:
+        values = self.client.mget([self.keys.wm(w) for w in range(n_workers)])
+        return [None if v is None else int(v) for v in values]
+
+    def min_watermark(self, n_workers: int) -> int | None:
+        """The pipeline's watermark: min over workers; None while any worker has none."""
+        marks = self.worker_watermarks(n_workers)
+        return None if any(m is None for m in marks) else min(marks)  # type: ignore[type-var]
+
+    # -- aggregator ------------------------------------------------------------------------
+
+    def open_windows(self) -> list[int]:
+        return sorted(int(w) for w in self.client.smembers(self.keys.windows_open))
+
+    def close_window(self, window: int, n_workers: int) -> list[dict[bytes, int]]:
+        """Freeze a window (later records of it count as late) and read every worker's partial
+        counts, in one MULTI.
+
+        A worker's partial includes what it holds back for keys migrating to it (``held``):
+        those records are counted, only not yet merged with the state that is on its way; a
+        migration never moves the state of a closed window, so the two are merged here.
+        """
+        pipe = self.client.pipeline(transaction=True)
+        pipe.sadd(self.keys.windows_closed, window)
+        for worker in range(n_workers):
+            pipe.hgetall(self.keys.state(worker, window))
+            pipe.hgetall(self.keys.held(worker, window))
+        replies = pipe.execute()[1:]
+        partials = []
+        for state, held in zip(replies[0::2], replies[1::2], strict=True):
+            partial = _int_map(state)
+            for key, count in _int_map(held).items():
+                partial[key] = partial.get(key, 0) + count
+            partials.append(partial)
+        return partials
+
+    def finalize_window(
+        self,
+        window: int,
+        n_workers: int,
+        counts: Mapping[bytes, int],
+        top: Sequence[tuple[bytes, int]],
+        state_entries: int,
+    ) -> bool:
+        """Write the result and top-k, free the partials, mark final: all or nothing, once."""
+        args: list[bytes | str | int] = [
+            self.keys.prefix,
+            window,
+            n_workers,
+            json.dumps([[key_text(key), count] for key, count in top]),
+            sum(counts.values()),
+            state_entries,
+            len(counts),
+        ]
+        for key, count in counts.items():
+            args += (key, count)
+        return bool(self._finalize(args=args))
+
+    def final_windows(self) -> list[int]:
+        return sorted(int(w) for w in self.client.smembers(self.keys.windows_final))
+
+    def unpublished_windows(self) -> list[int]:
+        """Final windows whose result record is not yet acknowledged by Kafka."""
+        raw = self.client.sdiff(self.keys.windows_final, self.keys.windows_published)
+        return sorted(int(w) for w in raw)
+
+    def mark_published(self, window: int) -> None:
+        self.client.sadd(self.keys.windows_published, window)
+
+    # -- reads (verification, summaries) ---------------------------------------------------
+
+    def result(self, window: int) -> dict[bytes, int]:
+        return _int_map(self.client.hgetall(self.keys.result(window)))
+
+    def topk(self, window: int) -> list[tuple[bytes, int]]:
+        raw = self.client.get(self.keys.topk(window))
+        return [] if raw is None else [(key_bytes(k), int(c)) for k, c in json.loads(raw)]
+
+    def partial(self, worker: int, window: int) -> dict[bytes, int]:
+        return _int_map(self.client.hgetall(self.keys.state(worker, window)))
+
+    def truth(self, window: int) -> dict[bytes, int]:
+        return _int_map(self.client.hgetall(self.keys.truth(window)))
+
+    def truth_windows(self) -> list[int]:
+        prefix = self.keys.truth(0)[:-1].encode()
+        found = self.client.scan_iter(match=prefix + b"*", count=1000)
+        return sorted(_window_suffix(key, prefix) for key in found)
+
+    def state_keys(self) -> list[bytes]:
+        """Every partial-state or held-back key still in Redis (empty once all windows are
+        final)."""
+        found = []
+        for kind in ("state", "held"):
+            found += self.client.scan_iter(match=f"{self.keys.prefix}{kind}:*", count=1000)
+        return sorted(found)
+
+    def per_worker(self, name: str, n_workers: int) -> np.ndarray:
+        """A ``stats:{name}`` hash as an int64 array indexed by worker (0 where absent)."""
+        values = self.client.hmget(self.keys.stats(name), list(range(n_workers)))
+        return np.array([0 if v is None else int(v) for v in values], dtype=np.int64)
+
+    def processed_per_worker(self, n_workers: int) -> np.ndarray:
+        """Valid DATA records each worker applied (DESIGN.md invariant 3: they add up)."""
+        return self.per_worker("records", n_workers)
+
+    def window_totals(self) -> dict[str, int]:
+        """Aggregator totals: windows, records, state_entries, distinct_keys (summed over
+        windows; replication = state_entries / distinct_keys)."""
+        return {
+            k.decode(): int(v) for k, v in self.client.hgetall(self.keys.stats("windows")).items()
+        }
+
+    def latency_histogram(self, n_workers: int, worker: int | None = None) -> dict[int, int]:
+        """Latency histogram of one worker, or of all workers summed."""
+        workers = range(n_workers) if worker is None else [worker]
+        pipe = self.client.pipeline()
+        for w in workers:
+            pipe.hgetall(self.keys.latency(w))
+        total: dict[int, int] = {}
+        for raw in pipe.execute():
+            for bucket, count in raw.items():
+                total[int(bucket)] = total.get(int(bucket), 0) + int(count)
+        return total
+
+    def verify(self, max_mismatches: int = 20) -> Verification:
+        """Every (key, window) of the ground truth against the final result, both ways."""
+        windows = sorted(set(self.truth_windows()) | set(self.final_windows()))
+        mismatches: list[tuple[int, bytes, int, int]] = []
+        count = keys = 0
+        for window in windows:
+            truth, result = self.truth(window), self.result(window)
+            keys += len(truth)
+            for key in truth.keys() | result.keys():
+                expected, got = truth.get(key, 0), result.get(key, 0)
+                if expected != got:
+                    count += 1
+                    if len(mismatches) < max_mismatches:
+                        mismatches.append((window, key, expected, got))
+        return Verification(len(windows), keys, mismatches, count)
+
+
+def key_text(key: bytes) -> str:
+    """A key as JSON text: UTF-8, with undecodable bytes kept as surrogates (reversible)."""
+    return key.decode("utf-8", "surrogateescape")
+
+
+def key_bytes(text: str) -> bytes:
+    """Inverse of :func:`key_text`."""
+    return text.encode("utf-8", "surrogateescape")

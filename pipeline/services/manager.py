@@ -1,0 +1,277 @@
+"""``skewer services up|down|status``, and the leases test sessions share the services by.
+
+:func:`up` is idempotent: a service that answers its health check is left alone (also when
+someone else runs it, which is then reported as "external"), and a dead one (killed by hand,
+say) is started again; what a failed ``up`` started is stopped again. :func:`down` stops
+exactly the processes ``up`` started, from their pid files. Test sessions use :func:`acquire`
+and :func:`release` instead: leases let concurrent sessions in one checkout share the
+services, and the last one out stops what a session had to start. (layer: services)
+
+Example (no process is started; the layout of what would run):
+    >>> from pipeline.io import config
+    >>> settings = config.load({"SKEWER_CACHE_DIR": "/tmp/skewer-doc"})
+    >>> [service.name for service in native_services(settings)]
+    ['kafka', 'redis', 'prometheus']
+    >>> redis_service = native_services(settings, ["redis"])[0]
+    >>> redis_service.command()[:5]
+    ['redis-server', '--bind', '127.0.0.1', '--port', '16379']
+    >>> str(redis_service.log_path)
+    '/tmp/skewer-doc/run/redis.log'
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.io import config
+from pipeline.io.config import Settings
+from pipeline.services import process
+from pipeline.services.kafka_broker import KafkaService
+from pipeline.services.native import NativeService, ServiceError
+from pipeline.services.process import PidRecord
+from pipeline.services.prometheus_server import PrometheusService
+from pipeline.services.redis_server import RedisService
+
+SERVICE_NAMES = ("kafka", "redis", "prometheus")
+
+_SERVICE_CLASSES: dict[str, type[NativeService]] = {
+    "kafka": KafkaService,
+    "redis": RedisService,
+    "prometheus": PrometheusService,
+}
+
+
+def native_services(settings: Settings, names: Sequence[str] | None = None) -> list[NativeService]:
+    """The services called ``names`` (all of them by default), in a fixed order."""
+    wanted = SERVICE_NAMES if not names else tuple(names)
+    unknown = [name for name in wanted if name not in _SERVICE_CLASSES]
+    if unknown:
+        raise ServiceError(
+            f"unknown service {unknown[0]!r}; valid services: {', '.join(SERVICE_NAMES)}"
+        )
+    return [_SERVICE_CLASSES[name](settings) for name in SERVICE_NAMES if name in wanted]
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    """One line of ``status``, ``up`` or ``down``."""
+
+    name: str
+    address: str
+    #: running (ours, healthy), external (healthy, not ours), starting (ours, not yet healthy),
+    #: down; after up/down also started, stopped.
+    state: str
+    pid: int | None = None
+
+    def line(self) -> str:
+        pid = f"pid {self.pid}" if self.pid is not None else ""
+        return f"{self.name:<11}{self.state:<9}{self.address:<27}{pid}".rstrip()
+
+
+def _own_process(service: NativeService) -> PidRecord | None:
+    """Our live process for ``service``; a stale pid file is removed."""
+    record = process.read_pid_file(service.pid_path)
+    if record is None:
+        service.pid_path.unlink(missing_ok=True)
+        return None
+    if not process.is_alive(record):
+        service.pid_path.unlink(missing_ok=True)
+        return None
+    return record
+
+
+def _state(service: NativeService) -> ServiceState:
+    record = _own_process(service)
+    healthy = service.healthy()
+    if record is not None:
+        state = "running" if healthy else "starting"
+        return ServiceState(service.name, service.address, state, record.pid)
+    return ServiceState(service.name, service.address, "external" if healthy else "down")
+
+
+def status(
+    settings: Settings | None = None, names: Sequence[str] | None = None
+) -> list[ServiceState]:
+    settings = settings or config.load()
+    return [_state(service) for service in native_services(settings, names)]
+
+
+def _spawn(service: NativeService) -> PidRecord:
+    service.prepare()
+    command = service.command()
+    with open(service.log_path, "ab") as log:
+        log.write(f"\n=== skewer: starting {service.name} at {time.ctime()}\n".encode())
+        log.flush()
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=service.data_dir,
+            # Its own session: a Ctrl-C in the shell that ran `skewer services up` or pytest
+            # does not reach the services, and the process outlives the command that started it.
+            start_new_session=True,
+        )
+    process.children[process.pid] = process
+    start_ticks = process.start_ticks(process.pid)
+    if start_ticks is None:  # it exited at once; its log says why
+        raise ServiceError(f"{service.name} failed to start; see {service.log_path}")
+    record = PidRecord(process.pid, start_ticks, tuple(command))
+    process.write_pid_file(service.pid_path, record)
+    return record
+
+
+def up(settings: Settings | None = None, names: Sequence[str] | None = None) -> list[ServiceState]:
+    """Start every named service that does not answer yet, and wait until all are healthy.
+
+    Returns one state per service: ``started`` for the ones this call started, ``running``
+    or ``external`` for the ones already answering. Raises ServiceError naming the first
+    service that failed and its log; a process that failed is stopped again. A service that
+    a test session started is adopted: it stays up when the tests end.
+    """
+    settings = settings or config.load()
+    services = native_services(settings, names)
+    for service in services:
+        service.install()
+    with process.services_lock(settings):
+        states = _up_locked(services)
+        for service in services:
+            _started_by_lease_marker(service).unlink(missing_ok=True)
+    return states
+
+
+def _up_locked(services: list[NativeService]) -> list[ServiceState]:
+    results: dict[str, ServiceState] = {}
+    pending: dict[str, tuple[NativeService, PidRecord, bool]] = {}
+    try:
+        for service in services:
+            current = _state(service)
+            if current.state in ("running", "external"):
+                record = _own_process(service) if current.state == "running" else None
+                if record is not None:
+                    service.reconfigure(record)  # ours: pick up a changed configuration
+                results[service.name] = current
+                continue
+            record = _own_process(service) if current.state == "starting" else None
+            if record is not None:
+                pending[service.name] = (service, record, False)
+            else:
+                pending[service.name] = (service, _spawn(service), True)
+        failure = _wait_healthy(pending)
+        if failure is not None:
+            raise ServiceError(f"{failure.name} failed to start; see {failure.log_path}")
+    except BaseException:
+        # All or nothing: what this call started does not outlive its failure.
+        for service, record, started_here in pending.values():
+            if started_here:
+                process.terminate(record, grace_seconds=10)
+                service.pid_path.unlink(missing_ok=True)
+        raise
+    for service, record, started_here in pending.values():
+        state = "started" if started_here else "running"
+        results[service.name] = ServiceState(service.name, service.address, state, record.pid)
+    return [results[service.name] for service in services]
+
+
+def _wait_healthy(
+    pending: dict[str, tuple[NativeService, PidRecord, bool]],
+) -> NativeService | None:
+    """Poll until every pending service answers; the first that died or timed out, else None."""
+    started_at = time.monotonic()
+    waiting = dict(pending)
+    while waiting:
+        for name, (service, record, _) in list(waiting.items()):
+            if service.healthy(timeout=1.0):
+                del waiting[name]
+            elif (
+                not process.is_alive(record)
+                or time.monotonic() - started_at > service.start_timeout
+            ):
+                return service
+        if waiting:
+            time.sleep(0.25)
+    return None
+
+
+def down(
+    settings: Settings | None = None, names: Sequence[str] | None = None
+) -> list[ServiceState]:
+    """Stop the processes ``up`` started (from their pid files), and nothing else."""
+    settings = settings or config.load()
+    with process.services_lock(settings):
+        return [_down_locked(service) for service in native_services(settings, names)]
+
+
+def _down_locked(service: NativeService) -> ServiceState:
+    _started_by_lease_marker(service).unlink(missing_ok=True)
+    record = _own_process(service)
+    if record is None:
+        return ServiceState(service.name, service.address, "down")
+    # Kafka's controlled shutdown flushes logs and closes the quorum: give it time.
+    process.terminate(record, grace_seconds=30 if service.name == "kafka" else 10)
+    service.pid_path.unlink(missing_ok=True)
+    return ServiceState(service.name, service.address, "stopped", record.pid)
+
+
+def _leases_dir(service: NativeService) -> Path:
+    return service.settings.run_dir / "leases"
+
+
+def _started_by_lease_marker(service: NativeService) -> Path:
+    return _leases_dir(service) / f"{service.name}.started-by-lease"
+
+
+def _lease_path(service: NativeService, holder: PidRecord) -> Path:
+    return _leases_dir(service) / f"{service.name}.{holder.pid}.{holder.start_ticks}"
+
+
+def _live_leases(service: NativeService) -> list[Path]:
+    """Leases of processes still running; the leases of dead holders are removed."""
+    live = []
+    for path in _leases_dir(service).glob(f"{service.name}.*.*"):
+        pid, ticks = path.name.split(".")[1:3]
+        if process.start_ticks(int(pid)) == int(ticks):
+            live.append(path)
+        else:
+            path.unlink(missing_ok=True)
+    return live
+
+
+def acquire(settings: Settings, names: Sequence[str]) -> list[ServiceState]:
+    """:func:`up` for a process that needs the services only while it runs (a test session).
+
+    The calling process takes a lease on each service. A service that some lease holder had to
+    start is stopped by :func:`release` when its last live holder lets go, so concurrent test
+    sessions in one checkout never stop a service under each other, and a service someone
+    started with ``skewer services up`` is never stopped by tests.
+    """
+    services = native_services(settings, names)
+    for service in services:
+        service.install()
+    holder = process.this_process()
+    with process.services_lock(settings):
+        states = _up_locked(services)
+        for service, state in zip(services, states, strict=True):
+            _leases_dir(service).mkdir(parents=True, exist_ok=True)
+            _lease_path(service, holder).touch()
+            if state.state == "started":
+                _started_by_lease_marker(service).touch()
+    return states
+
+
+def release(settings: Settings, names: Sequence[str]) -> list[ServiceState]:
+    """Drop this process's leases; stop what a lease holder started once no holder is left."""
+    holder = process.this_process()
+    results = []
+    with process.services_lock(settings):
+        for service in native_services(settings, names):
+            _lease_path(service, holder).unlink(missing_ok=True)
+            if not _live_leases(service) and _started_by_lease_marker(service).exists():
+                results.append(_down_locked(service))
+            else:
+                results.append(_state(service))
+    return results

@@ -1,0 +1,114 @@
+"""The processes native services run as: pid files that survive pid reuse, start and stop.
+
+A pid file holds the pid and the kernel's start time of the process, so a later ``down`` stops
+exactly the process ``up`` started and never one that merely inherited a recycled pid.
+Every service process runs in its own session (a Ctrl-C in the shell that started it does not
+reach it) and logs to ``.cache/run/<name>.log``. (layer: services)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.io.config import Settings
+
+#: Popen handles of the processes this interpreter started, so stopping one also reaps it (a
+#: test session starts services as its own children).
+children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+@dataclass(frozen=True)
+class PidRecord:
+    """What a pid file holds: enough to recognise the process later, even after pid reuse."""
+
+    pid: int
+    start_ticks: int
+    command: tuple[str, ...]
+
+
+def start_ticks(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), None if gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: split after it.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    state, start_ticks = fields[0], int(fields[19])
+    if state in ("Z", "X"):
+        return None
+    return start_ticks
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    return start_ticks(pid) is not None
+
+
+def reap(pid: int) -> None:
+    child = children.get(pid)
+    if child is not None and child.poll() is not None:
+        del children[pid]
+
+
+def is_alive(record: PidRecord) -> bool:
+    reap(record.pid)
+    return start_ticks(record.pid) == record.start_ticks
+
+
+def read_pid_file(path: Path) -> PidRecord | None:
+    try:
+        data = json.loads(path.read_text())
+        return PidRecord(int(data["pid"]), int(data["start_ticks"]), tuple(data["command"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_pid_file(path: Path, record: PidRecord) -> None:
+    payload = {"pid": record.pid, "start_ticks": record.start_ticks, "command": record.command}
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(payload) + "\n")
+    temporary.replace(path)
+
+
+@contextlib.contextmanager
+def services_lock(settings: Settings) -> Iterator[None]:
+    """Serialise ``up`` and ``down`` (two test sessions, or a test beside the CLI)."""
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    with open(settings.run_dir / "services.lock", "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def terminate(record: PidRecord, grace_seconds: float) -> None:
+    """SIGTERM, then SIGKILL after ``grace_seconds``; only if the pid is still our process."""
+    if not is_alive(record):
+        return
+    os.kill(record.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    while time.monotonic() < deadline:
+        if not is_alive(record):
+            return
+        time.sleep(0.1)
+    if is_alive(record):
+        os.kill(record.pid, signal.SIGKILL)
+        while is_alive(record):
+            time.sleep(0.05)
+
+
+def this_process() -> PidRecord:
+    ticks = start_ticks(os.getpid())
+    assert ticks is not None
+    return PidRecord(os.getpid(), ticks, ())
