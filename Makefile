@@ -59,3 +59,4 @@ status:
 lint: python-env
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports

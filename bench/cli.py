@@ -17,12 +17,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.cli.arguments import add_command
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "bench",
         help="reproduce the papers' experiments and measure speed into bench/results",
-        description=__doc__.split("\n\n")[0],
+        doc=__doc__,
+        paragraph=0,
     )
     commands = parser.add_subparsers(dest="bench_command", metavar="WHAT", required=True)
     paper = commands.add_parser("paper", help="run the paper experiments")

@@ -175,9 +175,10 @@ def run(
     """One pipeline run per scheme (the services must answer), then the table."""
     from pipeline.io import config
     from pipeline.runs import orchestrator
+    from pipeline.runs.plan import RunPlan, new_run_id
 
     settings = config.load()
-    base = orchestrator.RunPlan(
+    base = RunPlan(
         scheme=schemes[0],
         records=records,
         workers=WORKERS,
@@ -188,7 +189,7 @@ def run(
     rows = []
     load_average = " ".join(f"{x:.2f}" for x in os.getloadavg())
     for scheme in schemes:
-        plan = replace(base, scheme=scheme, run_id=f"bench-{orchestrator.new_run_id()[5:]}")
+        plan = replace(base, scheme=scheme, run_id=f"bench-{new_run_id()[5:]}")
         plan.validate()
         began = time.monotonic()
         summary = orchestrator.run_pipeline(plan, settings, timeout=RUN_TIMEOUT)

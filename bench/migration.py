@@ -94,9 +94,10 @@ def planning_seconds(
 def live_run(scheme: str, settings: Any, interval: float) -> dict[str, Any]:
     """One live run of ``scheme`` with its controller; its migrations and intervals."""
     from pipeline.runs import orchestrator
+    from pipeline.runs.plan import RunPlan, new_run_id
     from pipeline.stages.control_plane import ControlPlane
 
-    plan = orchestrator.RunPlan(
+    plan = RunPlan(
         scheme=scheme,
         records=RECORDS,
         workers=WORKERS,
@@ -104,7 +105,7 @@ def live_run(scheme: str, settings: Any, interval: float) -> dict[str, Any]:
         workload=WORKLOAD,
         rate=RATE,
         control_interval=interval,
-        run_id=f"bench-mig-{orchestrator.new_run_id()[5:]}",
+        run_id=f"bench-mig-{new_run_id()[5:]}",
     )
     plan.validate()
     with orchestrator.Pipeline(plan, settings) as pipeline:

@@ -177,8 +177,8 @@ class TableScheme(Scheme):
         """The base hash's worker per key (the assignment with an empty table)."""
         return self.base_workers_of_ids(keys.key_ids())
 
-    # The live controller (pipeline.controller) also needs the three members below; a scheme
-    # that only runs in the simulator may leave them out (and define base_workers instead).
+    # The live controller (pipeline.stages.controller) also needs the three members below; a
+    # scheme that only runs in the simulator may leave them out (and define base_workers instead).
 
     @property
     def tolerance(self) -> float:

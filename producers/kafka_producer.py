@@ -1,5 +1,7 @@
 """The live pipeline's producers: a workload's key stream into topic ``keys``, plus the truth.
 
+Layer: stages (the producer process).
+
 The stream of a workload (:mod:`producers.workloads`) is dealt to ``S`` producers the way the
 simulator deals it to sources (:class:`operators.simulator.Router`): record ``i`` belongs to
 producer ``p = i mod S``, is its record number ``seq = i div S``, and goes to partition ``p``

@@ -1,5 +1,7 @@
 """Seeded, reproducible key streams: the workloads of the five papers, named by a one-line spec.
 
+Layer: workloads (pure, above operators).
+
 A spec is ``name:key=value,...``; :func:`parse` turns it into a :class:`Workload` whose
 :meth:`~Workload.keys` is the stream as a :class:`~operators.keys.KeyBatch` (record order is
 arrival order). Integer keys become their decimal text (``KeyBatch.from_ints``), exactly what

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from pipeline.io import config
-from pipeline.runs.orchestrator import Pipeline, RunPlan
+from pipeline.runs.orchestrator import Pipeline
+from pipeline.runs.plan import RunPlan
 
 #: Seconds the stages of one run may take (several share two cores).
 RUN_TIMEOUT = 300.0

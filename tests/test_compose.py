@@ -26,6 +26,8 @@ When the Docker CLI has its compose plugin, ``docker compose config -q`` validat
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
 import itertools
 import json
 import os
@@ -93,6 +95,10 @@ class VariableUse:
     name: str
     operator: str  # "", "-", ":-", "?", ":?", "+", ":+"
     arg: str
+
+
+#: The project's own top-level packages.
+PROJECT = ("pipeline", "operators", "producers", "bench")
 
 
 def variable_uses(text: str) -> list[VariableUse]:
@@ -916,8 +922,31 @@ def test_dockerfile_copies_existing_files_that_the_context_keeps() -> None:
     assert packages | {"pyproject.toml", pyproject["project"]["readme"], "deploy"} <= copied
 
 
+def _assert_project_names_resolve(program: str) -> None:
+    """Every ``from pipeline|operators|producers... import NAME`` of ``program`` imports, and
+    every ``NAME.attribute`` it uses of such a name exists."""
+    imported: dict[str, object] = {}
+    tree = ast.parse(program)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PROJECT:
+            module = importlib.import_module(node.module or "")
+            for alias in node.names:
+                value = getattr(module, alias.name, None)
+                if value is None:
+                    value = importlib.import_module(f"{node.module}.{alias.name}")
+                imported[alias.asname or alias.name] = value
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in imported
+        ):
+            assert hasattr(imported[node.value.id], node.attr), f"{node.value.id}.{node.attr}"
+
+
 def test_dockerfile_run_steps_are_valid_shell_and_python() -> None:
-    """`sh -n` on every RUN, and every inline `python -c` program compiles."""
+    """`sh -n` on every RUN; every inline `python -c` program compiles, and the project names
+    it imports and uses exist (a module that moved breaks the image build otherwise)."""
     programs = 0
     for stage in _dockerfile_stages():
         for run in stage.all("RUN"):
@@ -927,6 +956,7 @@ def test_dockerfile_run_steps_are_valid_shell_and_python() -> None:
             for index, word in enumerate(words[:-2]):
                 if word.rpartition("/")[2] == "python" and words[index + 1] == "-c":
                     compile(words[index + 2], "<RUN python -c>", "exec")
+                    _assert_project_names_resolve(words[index + 2])
                     programs += 1
     assert programs == 2
 
@@ -949,9 +979,9 @@ def test_dockerfile_paths_agree_with_the_config_and_the_volumes(compose: dict[st
     jar_targets = [target for flags, _, target in copies if flags.get("from") == "spark-jars"]
     assert jar_targets == [str(settings.spark_jars_dir)]
     # The jar stage fetches with the project's own code, which writes the marker that makes
-    # `skewer work` use the jars without Maven (pipeline.services.native._maven_copy).
+    # `skewer work` use the jars without Maven (pipeline.io.artifacts._maven_copy).
     jar_stage = next(stage for stage in stages if stage.name == "spark-jars")
-    assert any("services.ensure_spark_jars()" in run for run in jar_stage.all("RUN"))
+    assert any("artifacts.ensure_spark_jars()" in run for run in jar_stage.all("RUN"))
     assert _env(stages, stages.index(jar_stage))[config.ENV_CACHE_DIR] == str(settings.cache_dir)
     # Spark's checkpoints (work.py's default place) are on the named volume.
     work_mounts = dict(_mounts(compose["services"]["work"]))

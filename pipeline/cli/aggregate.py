@@ -1,5 +1,7 @@
 """`skewer aggregate`: final counts and top-k of every window once all workers passed it.
 
+Layer: cli.
+
 When the minimum over the W workers' watermarks reaches a window's last millisecond plus
 ``--lateness-ms``, the window's partial counts are merged across workers, the final counts and
 the ``--top-k`` keys go to Redis (``result:{window}``, ``topk:{window}``) and as JSON to topic
@@ -14,19 +16,26 @@ import argparse
 import json
 import sys
 
-from pipeline.cli.arguments import add_stage_arguments, stop_on_sigterm
+from pipeline.cli.arguments import (
+    add_command,
+    add_stage_arguments,
+    add_window_argument,
+    stop_on_sigterm,
+)
 from pipeline.observe import aggregator as aggregator_metrics
 from pipeline.observe.exporter import scheme_label, start_exporter
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "aggregate",
         help="merge the workers' window states into final counts and top-k (topic results)",
-        description=__doc__.split("\n\n")[1].replace("``", "`"),
+        doc=__doc__,
+        paragraph=1,
     )
     parser.add_argument("--workers", type=int, required=True, metavar="W")
-    parser.add_argument("--window-ms", type=int, default=10_000, help="window length (10000)")
+    add_window_argument(parser)
     parser.add_argument("--lateness-ms", type=int, default=0, help="allowed lateness (0)")
     parser.add_argument("--top-k", type=int, default=10, metavar="K", help="top keys (10)")
     add_stage_arguments(parser, scheme_label=True, until_end="exit after END_OF_STREAM")

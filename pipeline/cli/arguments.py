@@ -33,6 +33,20 @@ class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
+def add_command(
+    subparsers: argparse._SubParsersAction, name: str, *, help: str, doc: str, paragraph: int = 0
+) -> argparse.ArgumentParser:
+    """The subcommand ``name``: ``help`` in ``skewer --help``, and paragraph ``paragraph`` of its
+    module docstring ``doc`` as the description of ``skewer NAME --help``."""
+    description = doc.split("\n\n")[paragraph].replace("``", "`")
+    return subparsers.add_parser(name, help=help, description=description)
+
+
+def add_window_argument(parser: argparse.ArgumentParser) -> None:
+    """``--window-ms``: the tumbling window's length, the same for every stage of a run."""
+    parser.add_argument("--window-ms", type=int, default=10_000, help="window length (10000)")
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """``--run-id`` and ``--topic-prefix``: the names of one run (:class:`RunNames`)."""
     parser.add_argument("--run-id", default="default", help="namespace of Redis keys")
@@ -52,7 +66,8 @@ def add_param_argument(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="a scheme parameter, e.g. theta_max=0.1 (repeatable)",
+        help="a scheme parameter: int, float, true/false or a comma list, e.g. theta_max=0.1 "
+        "(repeatable)",
     )
 
 

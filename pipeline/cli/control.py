@@ -1,6 +1,8 @@
 """`skewer control`: the controller of routing-table schemes (scan, redist, readj, llfd, mintable,
 minmig, mixed).
 
+Layer: cli.
+
 Every `--interval` seconds it collects the grouping sources' key statistics, measures the
 imbalance against the scheme's tolerance and, when exceeded, plans a new routing table with the
 simulator's code, publishes it with a version number and migrates the moved keys' window state
@@ -16,6 +18,7 @@ import json
 import sys
 
 from pipeline.cli.arguments import (
+    add_command,
     add_param_argument,
     add_scheme_argument,
     add_stage_arguments,
@@ -26,10 +29,12 @@ from pipeline.observe.exporter import start_exporter
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "control",
         help="plan and publish routing tables, migrate key state (routing-table schemes)",
-        description=__doc__.split("\n\n")[1].replace("``", "`"),
+        doc=__doc__,
+        paragraph=1,
     )
     add_scheme_argument(parser, default=None)
     parser.add_argument("--workers", type=int, required=True, metavar="W")

@@ -1,5 +1,7 @@
 """`skewer demo`: the live pipeline end to end -- produce, group, work, aggregate -- for one run.
 
+Layer: cli.
+
 It starts Kafka and Redis natively if they do not answer (and stops them again at the end
 unless someone else uses them; ``--keep-services`` leaves them up, ``--no-start`` never starts
 them), then runs ``skewer produce``, ``group``, ``work`` (Spark) and ``aggregate`` as
@@ -21,17 +23,19 @@ import json
 import sys
 from typing import TextIO
 
-from pipeline.cli.arguments import add_scheme_argument
+from pipeline.cli.arguments import add_command, add_param_argument, add_scheme_argument
 from producers.workloads import DEFAULT_WORKLOAD
 
 DEFAULT_SCHEME = "pkg"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "demo",
         help="run producers, grouping stage, Spark workers and aggregator end to end",
-        description=__doc__.split("\n\n")[1].replace("``", "`"),
+        doc=__doc__,
+        paragraph=1,
     )
     add_scheme_argument(parser, DEFAULT_SCHEME)
     parser.add_argument("--records", type=int, default=100_000, help="records (100000)")
@@ -59,13 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="synthetic event time: records per second of event time (default: produce's)",
     )
     parser.add_argument("--top-k", type=int, default=10, metavar="K", help="top keys (10)")
-    parser.add_argument(
-        "--param",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a scheme parameter, e.g. theta_max=0.1 (repeatable)",
-    )
+    add_param_argument(parser)
     parser.add_argument(
         "--control-interval",
         type=float,
@@ -126,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.cli.arguments import UsageError
     from pipeline.io import config
     from pipeline.runs import orchestrator, report
+    from pipeline.runs.plan import RunPlan
 
     scheme = config.resolve_scheme(args.scheme, DEFAULT_SCHEME)
     fields = {
@@ -146,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         fields["event_rate"] = args.event_rate
     if args.run_id:
         fields["run_id"] = args.run_id
-    plan = orchestrator.RunPlan(**fields)
+    plan = RunPlan(**fields)
     try:
         plan.validate()
     except ValueError as error:

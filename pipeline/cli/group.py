@@ -1,5 +1,7 @@
 """`skewer group`: the grouping stage, topic ``keys`` -> topic ``work`` (partition w = worker w).
 
+Layer: cli.
+
 S sources, one per partition of ``keys``, each with its own scheme object; the scheme is
 ``--scheme``, else the environment variable ``GROUPING_SCHEME``, else ``key``. Records are
 validated (bad ones go to ``dead-letters`` with a reason), routed in batches and written to
@@ -15,17 +17,24 @@ import argparse
 import json
 import sys
 
-from pipeline.cli.arguments import add_param_argument, add_scheme_argument, add_stage_arguments
+from pipeline.cli.arguments import (
+    add_command,
+    add_param_argument,
+    add_scheme_argument,
+    add_stage_arguments,
+)
 from pipeline.observe.exporter import start_exporter
 
 DEFAULT_SCHEME = "key"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "group",
         help="grouping stage: route topic keys into partition w of topic work, exactly once",
-        description=__doc__.split("\n\n")[0],
+        doc=__doc__,
+        paragraph=0,
     )
     add_scheme_argument(parser, DEFAULT_SCHEME)
     parser.add_argument("--workers", type=int, required=True, metavar="W")

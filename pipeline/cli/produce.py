@@ -1,5 +1,7 @@
 """`skewer produce`: send a workload's keys into topic ``keys`` and record the ground truth.
 
+Layer: cli.
+
 ``--workload SPEC`` is a :mod:`producers.workloads` spec; ``--records N`` sets its length.
 ``--sources S`` producers write partitions 0..S-1 (record i goes to producer i mod S); the topic
 is created with S partitions if missing. Event time is synthetic (``--event-rate`` records per
@@ -16,17 +18,19 @@ import dataclasses
 import json
 import sys
 
-from pipeline.cli.arguments import add_stage_arguments
+from pipeline.cli.arguments import add_command, add_stage_arguments, add_window_argument
 from pipeline.observe import producer as producer_metrics
 from pipeline.observe.exporter import scheme_label, start_exporter
 from producers.workloads import DEFAULT_WORKLOAD
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "produce",
         help="send a workload into topic keys (S partitions) and record the ground truth",
-        description=__doc__.split("\n\n")[0],
+        doc=__doc__,
+        paragraph=0,
     )
     parser.add_argument(
         "--workload", default=DEFAULT_WORKLOAD, metavar="SPEC", help=f"default {DEFAULT_WORKLOAD}"
@@ -34,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--records", type=int, required=True, metavar="N")
     parser.add_argument("--sources", type=int, default=1, metavar="S", help="producers (default 1)")
     parser.add_argument("--rate", type=float, metavar="R", help="pace real time: records/s")
-    parser.add_argument("--window-ms", type=int, default=10_000, help="window length (10000)")
+    add_window_argument(parser)
     parser.add_argument(
         "--event-rate",
         type=float,

@@ -1,5 +1,7 @@
 """`skewer report`: one PNG of a run's imbalance over time and per-worker load, from Redis.
 
+Layer: cli.
+
 Reads the run's timeline (samples the aggregator took about once a second), its workers'
 cumulative records and the controller's rebalances from Redis, draws the imbalance per
 interval and cumulative (max/avg load, and I(t) as a fraction of records) over time and the
@@ -14,14 +16,17 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipeline.cli.arguments import add_command
 from pipeline.observe.exporter import UNKNOWN_SCHEME
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "report",
         help="write a PNG of a run's imbalance over time and per-worker load",
-        description=__doc__.split("\n\n")[1].replace("``", "`"),
+        doc=__doc__,
+        paragraph=1,
     )
     parser.add_argument("--run-id", required=True, help="the run (its Redis keys skewer:RUN:*)")
     parser.add_argument("--out", type=Path, metavar="PATH", help="PNG path")

@@ -1,5 +1,7 @@
 """`skewer route`: keys on stdin, one per line; the worker of each on stdout, one per line.
 
+Layer: cli.
+
 The input is the interleaved stream of ``--sources`` sources: line ``i`` belongs to source
 ``i mod S``, each source has its own scheme object, and the hooks mean what they mean in the
 simulator (both use :class:`operators.simulator.Router`). Input is read and answered in
@@ -20,7 +22,7 @@ from typing import BinaryIO
 import numpy as np
 
 from operators.params import parse_params
-from pipeline.cli.arguments import UsageError
+from pipeline.cli.arguments import UsageError, add_command, add_param_argument
 
 #: Bytes asked of stdin per read (a read returns what is available, up to this).
 READ_SIZE = 1 << 20
@@ -44,13 +46,7 @@ def add_scheme_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheme", required=True, help="grouping scheme (see the registry)")
     parser.add_argument("--workers", type=int, required=True, metavar="W")
     parser.add_argument("--sources", type=int, default=1, metavar="S")
-    parser.add_argument(
-        "--param",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="scheme parameter (int, float, true/false or a comma list); repeatable",
-    )
+    add_param_argument(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--rebalance-interval",
@@ -64,10 +60,12 @@ def add_scheme_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "route",
         help="route keys from stdin (one per line) and print each key's worker",
-        description=__doc__.split("\n\n")[0],
+        doc=__doc__,
+        paragraph=0,
     )
     add_scheme_arguments(parser)
     parser.set_defaults(handler=run)

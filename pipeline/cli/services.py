@@ -1,5 +1,7 @@
 """`skewer services up|down|status|install [NAME ...]`: the native Kafka, Redis and Prometheus.
 
+Layer: cli.
+
 ``up`` starts what does not answer yet and waits until everything is healthy (a second ``up``
 changes nothing); ``down`` stops exactly the processes ``up`` started; ``status`` prints one
 line per service and exits 1 if any is down; ``install`` only fetches Kafka's jars and Spark's
@@ -12,15 +14,18 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipeline.cli.arguments import add_command
 from pipeline.io import artifacts, config
 from pipeline.services import manager, native
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "services",
         help="start, stop or check the native Kafka, Redis and Prometheus",
-        description=__doc__.split("\n\n")[1].replace("``", "`"),
+        doc=__doc__,
+        paragraph=1,
     )
     parser.add_argument("action", choices=("up", "down", "status", "install"))
     parser.add_argument(

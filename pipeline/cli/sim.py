@@ -1,5 +1,7 @@
 """`skewer sim`: run one grouping scheme over a workload in the simulator and print its metrics.
 
+Layer: cli.
+
 ``--workload`` takes a spec such as ``zipf:z=1.2,keys=100000,n=1000000,seed=7`` (see
 :mod:`producers.workloads`); ``--input FILE`` replays a file with one key per line. ``--json``
 prints one JSON object (the fields of :meth:`SimulationResult.summary` plus the workload and
@@ -17,7 +19,7 @@ import json
 import sys
 
 from operators.params import parse_params
-from pipeline.cli.arguments import UsageError
+from pipeline.cli.arguments import UsageError, add_command
 from pipeline.cli.route import add_scheme_arguments, parse_speeds
 
 #: Controller rounds over the run when ``--rebalance-interval`` is not given.
@@ -25,10 +27,12 @@ DEFAULT_ROUNDS = 10
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "sim",
         help="simulate a grouping scheme on a workload and print the papers' metrics",
-        description=__doc__.split("\n\n")[0],
+        doc=__doc__,
+        paragraph=0,
     )
     add_scheme_arguments(parser)
     stream = parser.add_mutually_exclusive_group(required=True)

@@ -1,5 +1,7 @@
 """`skewer work`: the W workers, one Spark Structured Streaming query on topic ``work``.
 
+Layer: cli.
+
 Kafka partition w of ``work`` is worker w (Spark ``local[max(W, 2)]``, one task per partition);
 each worker counts its records per (key, tumbling window) into Redis, idempotently per
 (worker, micro-batch), and tracks its watermark (see pipeline/stages/worker_job.py).
@@ -20,7 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.cli.arguments import add_stage_arguments, stop_on_sigterm
+from pipeline.cli.arguments import (
+    add_command,
+    add_stage_arguments,
+    add_window_argument,
+    stop_on_sigterm,
+)
 from pipeline.observe import workers as worker_metrics
 from pipeline.observe.exporter import scheme_label, start_exporter
 
@@ -29,13 +36,15 @@ KEYS_TOPIC_WAIT_SECONDS = 60.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
+    parser = add_command(
+        subparsers,
         "work",
         help="run the Spark workers on topic work (partition w = worker w), state in Redis",
-        description=__doc__.split("\n\n")[1].replace("``", "`"),
+        doc=__doc__,
+        paragraph=1,
     )
     parser.add_argument("--workers", type=int, required=True, metavar="W")
-    parser.add_argument("--window-ms", type=int, default=10_000, help="window length (10000)")
+    add_window_argument(parser)
     parser.add_argument(
         "--cpu-cost-us", type=float, default=0.0, metavar="C", help="wait per record, µs (0)"
     )

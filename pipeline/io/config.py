@@ -1,5 +1,7 @@
 """Where skewer's services listen and where its downloads and run state live: the one place.
 
+Layer: io.
+
 Every address has a default on 127.0.0.1 with a non-default port, so a developer's own Kafka,
 Redis or Prometheus never collides with ours, and an environment variable that overrides it
 (also how tests point at a container). Paths live under a git-ignored ``.cache/`` in the

@@ -1,5 +1,7 @@
 """Kafka and Redis plumbing of the live pipeline: names of a run, topics, client configurations.
 
+Layer: io.
+
 One *run* (``--run-id``, default ``"default"``) owns four topics, named with an optional prefix
 (``--topic-prefix``, default ``""``: DESIGN.md's names) so runs and tests sit side by side, and
 every Redis key under ``skewer:{run_id}:``. :class:`RunNames` spells them all in one place.

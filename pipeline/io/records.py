@@ -1,5 +1,7 @@
 """Wire formats of the live pipeline's topics: one fixed-size little-endian header per record.
 
+Layer: io.
+
 Fixed-size binary values let every stage decode and validate a whole batch at once with
 ``np.frombuffer`` (no per-record parsing in Python), and make "does not decode" a precise
 notion: wrong length, wrong magic, unknown version or kind.
@@ -68,18 +70,8 @@ INPUT_DTYPE = np.dtype(
 # u8 seq after a u4 producer is packed without padding by np.dtype's default (align=False).
 assert INPUT_DTYPE.itemsize == 24
 
-WORK_DTYPE = np.dtype(
-    [
-        ("magic", "S2"),
-        ("version", "u1"),
-        ("kind", "u1"),
-        ("event_time_ms", "<i8"),
-        ("producer", "<u4"),
-        ("seq", "<u8"),
-        ("source", "<u4"),
-        ("table_version", "<u8"),
-    ]
-)
+#: A ``work`` value is the input header, then who routed it and by which routing table.
+WORK_DTYPE = np.dtype([*INPUT_DTYPE.descr, ("source", "<u4"), ("table_version", "<u8")])
 assert WORK_DTYPE.itemsize == 36
 
 
@@ -120,14 +112,20 @@ def decode_work(values: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray]
     return _decode(values, WORK_DTYPE)
 
 
+def _stamped(dtype: np.dtype, count: int, kind: Kind) -> np.ndarray:
+    """``count`` zeroed records of ``dtype`` carrying skewer's magic, version and ``kind``."""
+    records = np.zeros(count, dtype=dtype)
+    records["magic"] = MAGIC
+    records["version"] = VERSION
+    records["kind"] = kind
+    return records
+
+
 def encode_input(
     event_time_ms: np.ndarray, producer: np.ndarray, seq: np.ndarray, kind: Kind = Kind.DATA
 ) -> list[bytes]:
     """``keys``-topic values, one bytes object per record (DATA unless ``kind`` says)."""
-    records = np.zeros(len(seq), dtype=INPUT_DTYPE)
-    records["magic"] = MAGIC
-    records["version"] = VERSION
-    records["kind"] = kind
+    records = _stamped(INPUT_DTYPE, len(seq), kind)
     records["event_time_ms"] = event_time_ms
     records["producer"] = producer
     records["seq"] = seq
@@ -150,10 +148,7 @@ def encode_marker(kind: Kind, source: int, time_ms: int = 0, table_version: int 
     """A WATERMARK or TABLE_SWITCH value for the ``work`` topic."""
     if kind is Kind.DATA:
         raise ValueError("markers are WATERMARK or TABLE_SWITCH")
-    record = np.zeros(1, dtype=WORK_DTYPE)
-    record["magic"] = MAGIC
-    record["version"] = VERSION
-    record["kind"] = kind
+    record = _stamped(WORK_DTYPE, 1, kind)
     record["event_time_ms"] = time_ms
     record["source"] = source
     record["table_version"] = table_version

@@ -1,5 +1,7 @@
 """The one way skewer builds a SparkSession: local mode, Kafka source on the classpath, quiet.
 
+Layer: io.
+
 Spark's Kafka source is Apache's ``spark-sql-kafka-0-10_2.13`` at exactly PySpark's version,
 fetched once by Maven into ``.cache/spark-jars`` (:func:`pipeline.io.artifacts.ensure_spark_jars`)
 and handed to Spark as ``spark.jars`` files: no ``--packages``, no Ivy, nothing downloaded when

@@ -1,5 +1,7 @@
 """Window state of the live pipeline in Redis: per-worker partial counts, watermarks, results.
 
+Layer: io.
+
 Every key of a run starts with ``skewer:{run_id}:`` (:class:`RunKeys` names them all), so runs
 and tests live side by side in one Redis. The workers (:mod:`pipeline.stages.worker_job`) write, the
 aggregator (:mod:`pipeline.stages.aggregator`) merges and frees, verification reads.

@@ -399,4 +399,5 @@ def _close_on_sigterm(exporter: Exporter) -> None:
         exporter.close(linger=0)
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
+
     signal.signal(signal.SIGTERM, close_and_die)

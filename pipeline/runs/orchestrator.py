@@ -45,18 +45,14 @@ The summary (:class:`RunSummary`) is read from Redis and Kafka after the run:
   worker) state entries / distinct keys summed over windows (1 for key grouping);
 - ``exact`` and the mismatches from :func:`pipeline.runs.verify.verify_run`.
 
-Example (the commands of a run; nothing is started):
-    >>> plan = RunPlan(scheme="pkg", records=1000, workers=4, sources=2, run_id="r1")
-    >>> plan.names.work_topic, plan.names.redis_prefix
-    ('r1-work', 'skewer:r1:')
-    >>> " ".join(plan.argv("group"))
-    'group --scheme pkg --workers 4 --sources 2 --run-id r1 --topic-prefix r1- --until-end --json'
+What each stage is started with comes from the run's :class:`~pipeline.runs.plan.RunPlan`;
+the figures are a :class:`~pipeline.runs.summary.RunSummary`. (layer: runs)
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import functools
 import json
 import os
 import shutil
@@ -72,20 +68,17 @@ from typing import IO, TYPE_CHECKING, Any
 
 from operators.metrics import load_figures
 from pipeline.io import config, kafka_io, probes
+from pipeline.runs.plan import STAGES, RunPlan
+from pipeline.runs.summary import RunSummary
 from pipeline.services import manager, native
-from producers.kafka_producer import DEFAULT_EVENT_RATE
-from producers.workloads import DEFAULT_WORKLOAD
+from pipeline.services.process import die_with_parent, group_alive
 
 if TYPE_CHECKING:
     import redis as redis_module
 
     from pipeline.io.state_store import StateStore
     from pipeline.runs.verify import RunVerification
-    from pipeline.stages.worker_job import WorkOptions
 
-#: Start order: the workers first (the slowest to start), the producer last. ``control`` runs
-#: for routing-table schemes only (:attr:`RunPlan.stages`).
-STAGES = ("work", "aggregate", "control", "group", "produce")
 #: Seconds Spark gets to start and commit its first micro-batch.
 WORK_READY_SECONDS = 180.0
 #: Seconds a stage gets to exit after SIGTERM before SIGKILL (Spark stops its query first).
@@ -109,169 +102,6 @@ class StageFailedError(PipelineError):
         super().__init__(f"{stage} failed (exit {code}): {reason} (log: {log_path})")
 
 
-def new_run_id() -> str:
-    """A fresh run id: every demo run gets its own topics and Redis keys."""
-    return f"demo-{uuid.uuid4().hex[:8]}"
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """What one run does: the demo's flags, resolved. ``topic_prefix`` None = ``{run_id}-``."""
-
-    scheme: str
-    records: int
-    workers: int = 8
-    sources: int = 2
-    workload: str = DEFAULT_WORKLOAD
-    rate: float | None = None
-    window_ms: int = 10_000
-    event_rate: float = DEFAULT_EVENT_RATE
-    cpu_cost_us: float = 0.0
-    top_k: int = 10
-    lateness_ms: int = 0
-    run_id: str = field(default_factory=new_run_id)
-    topic_prefix: str | None = None
-    checkpoint: Path | None = None
-    max_records_per_batch: int | None = None
-    #: Seconds between the controller's statistics rounds (routing-table schemes).
-    control_interval: float = 2.0
-    #: The scheme's parameters as ``NAME=VALUE`` (``--param``), for the grouping stage and the
-    #: controller alike.
-    params: tuple[str, ...] = ()
-
-    @property
-    def stages(self) -> tuple[str, ...]:
-        """The stages this run starts: ``control`` only for a routing-table scheme."""
-        from pipeline.stages.controller import table_schemes
-
-        table = self.scheme in table_schemes()
-        return tuple(s for s in STAGES if s != "control" or table)
-
-    @property
-    def names(self) -> kafka_io.RunNames:
-        prefix = f"{self.run_id}-" if self.topic_prefix is None else self.topic_prefix
-        return kafka_io.RunNames(self.run_id, prefix)
-
-    @property
-    def topics(self) -> list[str]:
-        names = self.names
-        return [
-            names.keys_topic,
-            names.work_topic,
-            names.dead_letters_topic,
-            names.results_topic,
-        ]
-
-    def checkpoint_dir(self, settings: config.Settings) -> Path:
-        return (self.checkpoint or settings.cache_dir / "checkpoints" / self.run_id).resolve()
-
-    def validate(self) -> None:
-        """ValueError (one line) for a bad number; SchemeError for a bad scheme or W."""
-        from pipeline.stages import grouping
-        from producers.workloads import WorkloadError, parse
-
-        for name, value in (
-            ("--records", self.records),
-            ("--workers", self.workers),
-            ("--sources", self.sources),
-            ("--window", self.window_ms),
-        ):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if not self.control_interval > 0:
-            raise ValueError(f"--control-interval must be > 0, got {self.control_interval}")
-        if self.cpu_cost_us < 0:
-            raise ValueError(f"--cpu-cost-us must be >= 0, got {self.cpu_cost_us}")
-        if self.rate is not None and not self.rate > 0:
-            raise ValueError(f"--rate must be > 0, got {self.rate}")
-        if not self.event_rate > 0:
-            raise ValueError(f"--event-rate must be > 0, got {self.event_rate}")
-        # RunKeys refuses run ids that would break key names or glob patterns.
-        from pipeline.io.state_store import RunKeys
-
-        RunKeys(self.run_id)
-        try:
-            parse(self.workload)
-        except WorkloadError as error:
-            raise ValueError(f"--workload: {error}") from None
-        # The live stage's own check: unknown, simulator-only or badly parameterised schemes.
-        stage = self.stage_config(config.load({}))
-        for source in range(self.sources):
-            grouping.create_scheme(stage, source)
-
-    def stage_config(self, settings: config.Settings) -> Any:
-        from operators.params import parse_params
-        from pipeline.stages import grouping
-
-        return grouping.StageConfig(
-            bootstrap=settings.kafka_bootstrap,
-            redis_url=settings.redis_url,
-            names=self.names,
-            scheme=self.scheme,
-            n_workers=self.workers,
-            n_sources=self.sources,
-            params=parse_params(list(self.params)),
-        )
-
-    def argv(self, stage: str, settings: config.Settings | None = None) -> list[str]:
-        """The ``skewer`` arguments of ``stage`` (checkpoint resolved with ``settings``)."""
-        names = self.names
-        run = ["--run-id", self.run_id, "--topic-prefix", names.topic_prefix]
-        workers = ["--workers", str(self.workers)]
-        window = ["--window-ms", str(self.window_ms)]
-        if stage in ("produce", "work", "aggregate"):
-            run += ["--scheme", self.scheme]  # only a label of their metrics (pipeline/metrics)
-        if stage == "produce":
-            out = ["produce", "--workload", self.workload, "--records", str(self.records)]
-            out += ["--sources", str(self.sources), *window]
-            out += ["--event-rate", _number(self.event_rate)]
-            if self.rate is not None:
-                out += ["--rate", _number(self.rate)]
-            return [*out, *run, "--json"]
-        params = [word for item in self.params for word in ("--param", item)]
-        if stage == "group":
-            out = ["group", "--scheme", self.scheme, *workers, "--sources", str(self.sources)]
-            return [*out, *params, *run, "--until-end", "--json"]
-        if stage == "work":
-            checkpoint = self.checkpoint_dir(settings or config.load())
-            out = ["work", *workers, "--sources", str(self.sources), *window]
-            out += ["--cpu-cost-us", _number(self.cpu_cost_us), "--checkpoint", str(checkpoint)]
-            if self.max_records_per_batch is not None:
-                out += ["--max-records-per-batch", str(self.max_records_per_batch)]
-            return [*out, *run, "--until-end", "--json"]
-        if stage == "control":
-            out = ["control", "--scheme", self.scheme, *workers, "--sources", str(self.sources)]
-            out += ["--interval", _number(self.control_interval), *params]
-            return [*out, *run, "--until-end", "--json"]
-        if stage == "aggregate":
-            out = ["aggregate", *workers, *window, "--lateness-ms", str(self.lateness_ms)]
-            out += ["--top-k", str(self.top_k)]
-            return [*out, *run, "--until-end", "--json"]
-        raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
-
-    def work_options(self, settings: config.Settings) -> WorkOptions:
-        """The worker job's options of this run, for running it in-process (tests)."""
-        from pipeline.stages.worker_job import WorkOptions
-
-        return WorkOptions(
-            workers=self.workers,
-            sources=self.sources,
-            kafka_bootstrap=settings.kafka_bootstrap,
-            redis_url=settings.redis_url,
-            checkpoint=self.checkpoint_dir(settings),
-            work_topic=self.names.work_topic,
-            window_ms=self.window_ms,
-            cpu_cost_us=self.cpu_cost_us,
-            run_id=self.run_id,
-            until_end=True,
-            max_records_per_batch=self.max_records_per_batch,
-        )
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
 # --- services -------------------------------------------------------------------------------
 
 
@@ -293,8 +123,8 @@ def ensure_services(settings: config.Settings, *, start: bool, keep: bool = Fals
     """Kafka and Redis answering, natively started if needed (and allowed); else PipelineError.
 
     Services are only started for loopback addresses (a remote broker is not ours to start).
-    Started ones are held by a lease (:func:`pipeline.services.native.acquire`): the lease's release
-    stops them unless someone else (``skewer services up``, a test session) holds them too.
+    Started ones are held by a lease (:func:`pipeline.services.manager.acquire`): the lease's
+    release stops them unless someone else (``skewer services up``, a test session) holds them.
     With ``keep`` they are started like ``skewer services up`` and keep running.
     """
     lease = ServiceLease(settings)
@@ -325,27 +155,6 @@ def ensure_services(settings: config.Settings, *, start: bool, keep: bool = Fals
 
 
 # --- processes ------------------------------------------------------------------------------
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the orchestrator dies (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any process (not a zombie) is still in process group ``pgid``."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            return True
-    return False
 
 
 def _signal_group(pgid: int, signum: int) -> None:
@@ -508,7 +317,7 @@ class Pipeline:
                 stderr=stderr,
                 env=self.environ,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=functools.partial(die_with_parent, signal.SIGTERM),
             )
         starts = previous.starts + 1 if previous is not None else 1
         self.stages[stage] = StageProcess(stage, argv, process, stdout_path, stderr_path, starts)
@@ -544,7 +353,7 @@ class Pipeline:
         _signal_group(process.pgid, signum)
         process.process.wait()
         deadline = time.monotonic() + 30
-        while _group_alive(process.pgid) and time.monotonic() < deadline:
+        while group_alive(process.pgid) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
@@ -557,7 +366,7 @@ class Pipeline:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.process.wait(max(0.0, deadline - time.monotonic()))
         for process in self.stages.values():
-            if _group_alive(process.pgid):
+            if group_alive(process.pgid):
                 _signal_group(process.pgid, signal.SIGKILL)
             process.process.poll()
 
@@ -816,134 +625,6 @@ def _last_timestamp(
     finally:
         consumer.unassign()
     return latest
-
-
-@dataclass
-class RunSummary:
-    """What a run did; :meth:`as_json` has the demo's ``--json`` contract fields."""
-
-    scheme: str
-    run_id: str
-    workload: str
-    workers: int
-    sources: int
-    window_ms: int
-    cpu_cost_us: float
-    records_requested: int
-    records_produced: int
-    records_grouped: int
-    records_processed: int
-    per_worker: list[int]
-    latency_p50_per_worker: list[float | None]
-    latency_p99_per_worker: list[float | None]
-    windows: int
-    verification: RunVerification
-    seconds: float | None
-    throughput: float | None
-    #: Records per second from the first produce to the grouping stage's last write to work.
-    offered_rate: float | None
-    latency_p50_ms: float | None
-    latency_p99_ms: float | None
-    imbalance_final: float
-    max_avg_ratio: float
-    replication: float | None
-    dead_letters: int
-    dead_letter_reasons: dict[str, int]
-    stages: dict[str, dict[str, Any] | None]
-    restarts: dict[str, int]
-    wall_seconds: float
-    #: Completed migrations of a routing-table scheme (``ctl:rebalances``), oldest first.
-    migrations: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def exact(self) -> bool:
-        return self.verification.exact
-
-    def as_json(self) -> dict[str, Any]:
-        def rounded(value: float | None, digits: int = 3) -> float | None:
-            return None if value is None else round(value, digits)
-
-        return {
-            "scheme": self.scheme,
-            "run_id": self.run_id,
-            "workload": self.workload,
-            "workers": self.workers,
-            "sources": self.sources,
-            "window_ms": self.window_ms,
-            "cpu_cost_us": self.cpu_cost_us,
-            "records_requested": self.records_requested,
-            "records_produced": self.records_produced,
-            "records_grouped": self.records_grouped,
-            "records_processed": self.records_processed,
-            "exact": self.exact,
-            "windows": self.windows,
-            "seconds": rounded(self.seconds),
-            "throughput": rounded(self.throughput, 1),
-            "offered_rate": rounded(self.offered_rate, 1),
-            "latency_p50_ms": self.latency_p50_ms,
-            "latency_p99_ms": self.latency_p99_ms,
-            "imbalance_final": rounded(self.imbalance_final),
-            "imbalance_fraction": rounded(
-                self.imbalance_final / self.records_processed if self.records_processed else 0.0,
-                6,
-            ),
-            "max_avg_ratio": rounded(self.max_avg_ratio, 4),
-            "replication": rounded(self.replication, 4),
-            "dead_letters": self.dead_letters,
-            "dead_letter_reasons": self.dead_letter_reasons,
-            "per_worker": self.per_worker,
-            "latency_p50_ms_per_worker": self.latency_p50_per_worker,
-            "latency_p99_ms_per_worker": self.latency_p99_per_worker,
-            "verification": self.verification.as_dict(),
-            "restarts": self.restarts,
-            "wall_seconds": round(self.wall_seconds, 3),
-            "migrations": self.migrations,
-        }
-
-    def lines(self) -> list[str]:
-        """The readable summary: one line per worker, then the overall figures."""
-        total = self.records_processed or 1
-        out = [f"{'worker':>6} {'records':>10} {'share':>7} {'p50 ms':>9} {'p99 ms':>9}"]
-        for worker, records in enumerate(self.per_worker):
-            p50 = self.latency_p50_per_worker[worker]
-            p99 = self.latency_p99_per_worker[worker]
-            out.append(
-                f"{worker:>6} {records:>10,} {100 * records / total:>6.1f}% "
-                f"{_ms(p50):>9} {_ms(p99):>9}"
-            )
-        throughput = (
-            f"{self.throughput:,.0f} records/s over {self.seconds:.1f} s "
-            "(first produce to last window final)"
-            if self.throughput
-            else "n/a"
-        )
-        replication = f"{self.replication:.3f}" if self.replication is not None else "n/a"
-        out += [
-            f"records: {self.records_produced:,} produced, {self.records_grouped:,} grouped, "
-            f"{self.records_processed:,} processed; {self.windows} window(s) final; "
-            f"{self.dead_letters:,} dead letter(s)",
-            f"throughput: {throughput}",
-            f"latency (grouping stage to worker): p50 {_ms(self.latency_p50_ms)} ms, "
-            f"p99 {_ms(self.latency_p99_ms)} ms",
-            f"balance: imbalance max-avg {self.imbalance_final:,.1f} records, "
-            f"max/avg {self.max_avg_ratio:.3f}; replication {replication}",
-        ]
-        if self.migrations:
-            moved = sum(m.get("keys_moved", 0) for m in self.migrations)
-            entries = sum(m.get("state_entries_moved", 0) for m in self.migrations)
-            held = sum(m.get("held_records", 0) for m in self.migrations)
-            hold = max(m.get("longest_hold_s", 0.0) for m in self.migrations)
-            longest = max(m.get("duration_s", 0.0) for m in self.migrations)
-            out.append(
-                f"migrations: {len(self.migrations)}; {moved:,} key(s) and {entries:,} state "
-                f"entries moved, {held:,} record(s) held back for at most {hold:.2f} s; "
-                f"longest migration {longest:.2f} s"
-            )
-        return out
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.1f}"
 
 
 # --- one whole run --------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """The run report: one PNG of a live run's imbalance over time and per-worker load.
 
+Layer: runs.
+
 Two parts, both reading only the run's own counters in Redis:
 
 **The timeline** is written while the run goes by :class:`pipeline.observe.timeline.TimelineSampler`

@@ -1,5 +1,7 @@
 """Is a run exact? Every final (key, window) count against the producers' ground truth.
 
+Layer: runs.
+
 DESIGN.md's first invariant -- nothing lost, nothing doubled -- checked on the Redis state of
 one run (``skewer:{run_id}:``), after its aggregator finished:
 

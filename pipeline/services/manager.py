@@ -21,7 +21,6 @@ Example (no process is started; the layout of what would run):
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -102,25 +101,11 @@ def status(
 
 def _spawn(service: NativeService) -> PidRecord:
     service.prepare()
-    command = service.command()
-    with open(service.log_path, "ab") as log:
-        log.write(f"\n=== skewer: starting {service.name} at {time.ctime()}\n".encode())
-        log.flush()
-        process = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=service.data_dir,
-            # Its own session: a Ctrl-C in the shell that ran `skewer services up` or pytest
-            # does not reach the services, and the process outlives the command that started it.
-            start_new_session=True,
-        )
-    process.children[process.pid] = process
-    start_ticks = process.start_ticks(process.pid)
-    if start_ticks is None:  # it exited at once; its log says why
+    record = process.spawn(
+        service.name, service.command(), log_path=service.log_path, cwd=service.data_dir
+    )
+    if record is None:  # it exited at once; its log says why
         raise ServiceError(f"{service.name} failed to start; see {service.log_path}")
-    record = PidRecord(process.pid, start_ticks, tuple(command))
     process.write_pid_file(service.pid_path, record)
     return record
 

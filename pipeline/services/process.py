@@ -9,6 +9,7 @@ reach it) and logs to ``.cache/run/<name>.log``. (layer: services)
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import json
 import os
@@ -35,18 +36,40 @@ class PidRecord:
     command: tuple[str, ...]
 
 
-def start_ticks(pid: int) -> int | None:
-    """The kernel's start time of ``pid`` (clock ticks since boot), None if gone or a zombie."""
+def stat_fields(pid: int) -> list[str] | None:
+    """``/proc/{pid}/stat`` from field 3 (the state) on; None if the process is gone, a zombie
+    or dead (states Z, X): [0] state, [2] process group, [19] start time in clock ticks."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name (field 2) is in parentheses and may hold spaces: split after it.
     fields = stat[stat.rindex(")") + 2 :].split()
-    state, start_ticks = fields[0], int(fields[19])
-    if state in ("Z", "X"):
-        return None
-    return start_ticks
+    return None if fields[0] in ("Z", "X") else fields
+
+
+def start_ticks(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), None if gone or a zombie."""
+    fields = stat_fields(pid)
+    return None if fields is None else int(fields[19])
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process (not a zombie) is still in process group ``pgid``."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = stat_fields(int(entry.name))
+            if fields is not None and int(fields[2]) == pgid:
+                return True
+    return False
+
+
+def die_with_parent(signum: int) -> None:
+    """Ask Linux to send ``signum`` to this process when its parent dies (``PR_SET_PDEATHSIG``);
+    a no-op where there is no such call."""
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signum)
 
 
 def process_alive(pid: int) -> bool:
@@ -90,6 +113,29 @@ def services_lock(settings: Settings) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def spawn(name: str, command: list[str], *, log_path: Path, cwd: Path) -> PidRecord | None:
+    """Start service ``name``'s ``command`` in its own session, logging to ``log_path``; None
+    if it exited at once.
+
+    Its own session: a Ctrl-C in the shell that ran `skewer services up` or pytest does not
+    reach the service, and the process outlives the command that started it.
+    """
+    with open(log_path, "ab") as log:
+        log.write(f"\n=== skewer: starting {name} at {time.ctime()}\n".encode())
+        log.flush()
+        child = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
+        )
+    children[child.pid] = child
+    ticks = start_ticks(child.pid)
+    return None if ticks is None else PidRecord(child.pid, ticks, tuple(command))
 
 
 def terminate(record: PidRecord, grace_seconds: float) -> None:

@@ -1,5 +1,7 @@
 """The aggregator: closes windows once every worker's watermark has passed them, merges.
 
+Layer: stages.
+
 A window ``[start, start + L)`` is final when the pipeline's watermark -- the minimum over the W
 workers of ``wm:{worker}`` -- is at least ``start + L - 1 + lateness``
 (:func:`operators.windows.closable_windows`). Then, per window, in this order:

@@ -1,5 +1,7 @@
 """The control plane of routing-table schemes: statistics, versioned tables, state migration.
 
+Layer: stages.
+
 Fang et al. (seeds/000) and Gedik (seeds/004) rebalance by moving keys, and their window state,
 between workers. The papers assume a migration "happens" between intervals; a live pipeline
 has records in flight, sources that switch at different moments, and processes that crash.

@@ -1,5 +1,7 @@
 """The controller of routing-table schemes (``skewer control``): measure, plan, publish, migrate.
 
+Layer: stages.
+
 Each interval the controller opens a statistics round (:mod:`pipeline.stages.control_plane`), waits
 until every source has reported (or ``report_wait`` seconds), merges the reports
 (:meth:`~operators.base.KeyStatistics.merge`) and measures the interval's imbalance with the

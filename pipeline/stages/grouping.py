@@ -1,5 +1,9 @@
 """The grouping stage: S sources route topic ``keys`` into topic ``work``, exactly once.
 
+Layer: stages. One module of ~860 lines because it is one thing: a source's loop, its
+exactly-once transaction and the pieces only it uses (validation and dead letters, the
+source's watermark, the offset metadata it commits); each is a few small functions below.
+
 Source ``s`` reads partition ``s`` of ``keys`` (written by producer ``s``) and owns one scheme
 object, ``operators.registry.create(scheme, W, source=s, n_sources=S)`` -- the very object the
 simulator drives (:class:`operators.simulator.Router` gives source ``s`` records ``s, s+S, ...``
@@ -93,6 +97,7 @@ from operators.base import Scheme, SchemeError, TableScheme
 from operators.keys import KeyBatch
 from pipeline.io import kafka_io, records
 from pipeline.io.records import END_OF_STREAM, MAX_KEY_BYTES, Kind
+from pipeline.services import process
 from pipeline.stages import control_plane
 
 if TYPE_CHECKING:
@@ -777,13 +782,7 @@ def run_source(
 
 def _die_with_parent(parent: int) -> None:
     """Linux: SIGKILL this process when its parent dies (kill -9 of ``skewer group``)."""
-    try:
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except OSError:
-        pass
+    process.die_with_parent(signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
 

@@ -1,5 +1,7 @@
 """The workers: one Spark Structured Streaming query on ``work``; Kafka partition w IS worker w.
 
+Layer: stages.
+
 The query reads ``work`` with Apache's Kafka source (``kafka.isolation.level=read_committed``,
 so records of an aborted grouping-stage transaction are never seen). The source makes one input
 partition per topic partition -- no ``minPartitions``, no ``maxRecordsPerPartition``, no

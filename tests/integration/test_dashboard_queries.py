@@ -43,7 +43,8 @@ from grafana_dashboards import (
 )
 
 from pipeline.io import config
-from pipeline.runs.orchestrator import RunPlan, new_run_id, run_pipeline
+from pipeline.runs.orchestrator import run_pipeline
+from pipeline.runs.plan import RunPlan, new_run_id
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,8 @@ from operators.metrics import load_figures
 from pipeline.cli import app
 from pipeline.cli.demo import ProgressPrinter
 from pipeline.io import config, kafka_io, probes
-from pipeline.runs.orchestrator import Progress, RunPlan
+from pipeline.runs.orchestrator import Progress
+from pipeline.runs.plan import RunPlan
 
 WORKLOAD = "zipf:z=1.2,keys=100000,seed=0"
 

@@ -33,7 +33,9 @@ import pytest
 from live_runs import RUN_TIMEOUT, run_of, shared_spark_run
 
 from pipeline.io import config, kafka_io, records
-from pipeline.runs.orchestrator import Pipeline, RunPlan, RunSummary, new_run_id
+from pipeline.runs.orchestrator import Pipeline
+from pipeline.runs.plan import RunPlan, new_run_id
+from pipeline.runs.summary import RunSummary
 from pipeline.runs.verify import verify_run
 
 pytestmark = pytest.mark.integration

@@ -24,7 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from operators.metrics import imbalance, max_avg_ratio
 from pipeline.io import config
-from pipeline.runs.orchestrator import Pipeline, RunPlan, new_run_id
+from pipeline.runs.orchestrator import Pipeline
+from pipeline.runs.plan import RunPlan, new_run_id
 from pipeline.services import manager
 
 pytestmark = pytest.mark.integration

@@ -72,7 +72,7 @@ def test_the_sampler_appends_cumulative_samples_about_once_a_second(
 def test_the_timeline_keeps_the_newest_samples(
     redis: Any, run_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(report, "MAX_SAMPLES", 2)
+    monkeypatch.setattr(timeline, "MAX_SAMPLES", 2)
     for t in range(4):
         timeline.append_sample(redis, run_id, timeline.Sample(t, (t,), (t,)))
     raw = redis.lrange(timeline.timeline_key(run_id), 0, -1)

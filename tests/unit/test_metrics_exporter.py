@@ -38,7 +38,7 @@ from pipeline.observe import grouping as grouping_metrics
 from pipeline.observe import producer as producer_metrics
 from pipeline.observe import series as metric_series
 from pipeline.observe import workers as worker_metrics
-from pipeline.runs.orchestrator import RunPlan
+from pipeline.runs.plan import RunPlan
 from pipeline.services import manager
 from pipeline.stages import grouping
 from producers.kafka_producer import plan_stream

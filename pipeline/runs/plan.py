@@ -1,0 +1,195 @@
+"""The plan of one run: ``skewer demo``'s flags, resolved, and each stage's command line.
+
+A :class:`RunPlan` is pure data: the scheme, the stream, the sizes and the run's names. It checks
+itself (:meth:`RunPlan.validate`: the numbers, the workload spec and the scheme with the grouping
+stage's own check) and spells the ``skewer`` arguments each stage process is started with
+(:meth:`RunPlan.argv`), so the demo runs exactly the commands a user would type. (layer: runs)
+
+Example (the commands of a run; nothing is started):
+    >>> plan = RunPlan(scheme="pkg", records=1000, workers=4, sources=2, run_id="r1")
+    >>> plan.names.work_topic, plan.names.redis_prefix
+    ('r1-work', 'skewer:r1:')
+    >>> " ".join(plan.argv("group"))
+    'group --scheme pkg --workers 4 --sources 2 --run-id r1 --topic-prefix r1- --until-end --json'
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.io import config, kafka_io
+from producers.kafka_producer import DEFAULT_EVENT_RATE
+from producers.workloads import DEFAULT_WORKLOAD
+
+if TYPE_CHECKING:
+    from pipeline.stages.worker_job import WorkOptions
+
+#: Start order: the workers first (the slowest to start), the producer last. ``control`` runs
+#: for routing-table schemes only (:attr:`RunPlan.stages`).
+STAGES = ("work", "aggregate", "control", "group", "produce")
+
+
+def new_run_id() -> str:
+    """A fresh run id: every demo run gets its own topics and Redis keys."""
+    return f"demo-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What one run does: the demo's flags, resolved. ``topic_prefix`` None = ``{run_id}-``."""
+
+    scheme: str
+    records: int
+    workers: int = 8
+    sources: int = 2
+    workload: str = DEFAULT_WORKLOAD
+    rate: float | None = None
+    window_ms: int = 10_000
+    event_rate: float = DEFAULT_EVENT_RATE
+    cpu_cost_us: float = 0.0
+    top_k: int = 10
+    lateness_ms: int = 0
+    run_id: str = field(default_factory=new_run_id)
+    topic_prefix: str | None = None
+    checkpoint: Path | None = None
+    max_records_per_batch: int | None = None
+    #: Seconds between the controller's statistics rounds (routing-table schemes).
+    control_interval: float = 2.0
+    #: The scheme's parameters as ``NAME=VALUE`` (``--param``), for the grouping stage and the
+    #: controller alike.
+    params: tuple[str, ...] = ()
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The stages this run starts: ``control`` only for a routing-table scheme."""
+        from pipeline.stages.controller import table_schemes
+
+        table = self.scheme in table_schemes()
+        return tuple(s for s in STAGES if s != "control" or table)
+
+    @property
+    def names(self) -> kafka_io.RunNames:
+        prefix = f"{self.run_id}-" if self.topic_prefix is None else self.topic_prefix
+        return kafka_io.RunNames(self.run_id, prefix)
+
+    @property
+    def topics(self) -> list[str]:
+        names = self.names
+        return [
+            names.keys_topic,
+            names.work_topic,
+            names.dead_letters_topic,
+            names.results_topic,
+        ]
+
+    def checkpoint_dir(self, settings: config.Settings) -> Path:
+        return (self.checkpoint or settings.cache_dir / "checkpoints" / self.run_id).resolve()
+
+    def validate(self) -> None:
+        """ValueError (one line) for a bad number; SchemeError for a bad scheme or W."""
+        from pipeline.stages import grouping
+        from producers.workloads import WorkloadError, parse
+
+        for name, value in (
+            ("--records", self.records),
+            ("--workers", self.workers),
+            ("--sources", self.sources),
+            ("--window", self.window_ms),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if not self.control_interval > 0:
+            raise ValueError(f"--control-interval must be > 0, got {self.control_interval}")
+        if self.cpu_cost_us < 0:
+            raise ValueError(f"--cpu-cost-us must be >= 0, got {self.cpu_cost_us}")
+        if self.rate is not None and not self.rate > 0:
+            raise ValueError(f"--rate must be > 0, got {self.rate}")
+        if not self.event_rate > 0:
+            raise ValueError(f"--event-rate must be > 0, got {self.event_rate}")
+        # RunKeys refuses run ids that would break key names or glob patterns.
+        from pipeline.io.state_store import RunKeys
+
+        RunKeys(self.run_id)
+        try:
+            parse(self.workload)
+        except WorkloadError as error:
+            raise ValueError(f"--workload: {error}") from None
+        # The live stage's own check: unknown, simulator-only or badly parameterised schemes.
+        stage = self.stage_config(config.load({}))
+        for source in range(self.sources):
+            grouping.create_scheme(stage, source)
+
+    def stage_config(self, settings: config.Settings) -> Any:
+        from operators.params import parse_params
+        from pipeline.stages import grouping
+
+        return grouping.StageConfig(
+            bootstrap=settings.kafka_bootstrap,
+            redis_url=settings.redis_url,
+            names=self.names,
+            scheme=self.scheme,
+            n_workers=self.workers,
+            n_sources=self.sources,
+            params=parse_params(list(self.params)),
+        )
+
+    def argv(self, stage: str, settings: config.Settings | None = None) -> list[str]:
+        """The ``skewer`` arguments of ``stage`` (checkpoint resolved with ``settings``)."""
+        names = self.names
+        run = ["--run-id", self.run_id, "--topic-prefix", names.topic_prefix]
+        workers = ["--workers", str(self.workers)]
+        window = ["--window-ms", str(self.window_ms)]
+        if stage in ("produce", "work", "aggregate"):
+            run += ["--scheme", self.scheme]  # only a label of their metrics (pipeline/metrics)
+        if stage == "produce":
+            out = ["produce", "--workload", self.workload, "--records", str(self.records)]
+            out += ["--sources", str(self.sources), *window]
+            out += ["--event-rate", _number(self.event_rate)]
+            if self.rate is not None:
+                out += ["--rate", _number(self.rate)]
+            return [*out, *run, "--json"]
+        params = [word for item in self.params for word in ("--param", item)]
+        if stage == "group":
+            out = ["group", "--scheme", self.scheme, *workers, "--sources", str(self.sources)]
+            return [*out, *params, *run, "--until-end", "--json"]
+        if stage == "work":
+            checkpoint = self.checkpoint_dir(settings or config.load())
+            out = ["work", *workers, "--sources", str(self.sources), *window]
+            out += ["--cpu-cost-us", _number(self.cpu_cost_us), "--checkpoint", str(checkpoint)]
+            if self.max_records_per_batch is not None:
+                out += ["--max-records-per-batch", str(self.max_records_per_batch)]
+            return [*out, *run, "--until-end", "--json"]
+        if stage == "control":
+            out = ["control", "--scheme", self.scheme, *workers, "--sources", str(self.sources)]
+            out += ["--interval", _number(self.control_interval), *params]
+            return [*out, *run, "--until-end", "--json"]
+        if stage == "aggregate":
+            out = ["aggregate", *workers, *window, "--lateness-ms", str(self.lateness_ms)]
+            out += ["--top-k", str(self.top_k)]
+            return [*out, *run, "--until-end", "--json"]
+        raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+
+    def work_options(self, settings: config.Settings) -> WorkOptions:
+        """The worker job's options of this run, for running it in-process (tests)."""
+        from pipeline.stages.worker_job import WorkOptions
+
+        return WorkOptions(
+            workers=self.workers,
+            sources=self.sources,
+            kafka_bootstrap=settings.kafka_bootstrap,
+            redis_url=settings.redis_url,
+            checkpoint=self.checkpoint_dir(settings),
+            work_topic=self.names.work_topic,
+            window_ms=self.window_ms,
+            cpu_cost_us=self.cpu_cost_us,
+            run_id=self.run_id,
+            until_end=True,
+            max_records_per_batch=self.max_records_per_batch,
+        )
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))

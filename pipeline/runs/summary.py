@@ -1,0 +1,143 @@
+"""What one run measured: throughput, latency, imbalance, exactness; as lines or as JSON.
+
+:meth:`pipeline.runs.orchestrator.Pipeline.summary` reads the figures from Redis and Kafka
+after a run; :class:`RunSummary` holds them and prints them (``skewer demo``'s closing lines,
+or one JSON object with ``--json``). The definitions are in the orchestrator's docstring.
+(layer: runs)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipeline.runs.verify import RunVerification
+
+
+@dataclass
+class RunSummary:
+    """What a run did; :meth:`as_json` has the demo's ``--json`` contract fields."""
+
+    scheme: str
+    run_id: str
+    workload: str
+    workers: int
+    sources: int
+    window_ms: int
+    cpu_cost_us: float
+    records_requested: int
+    records_produced: int
+    records_grouped: int
+    records_processed: int
+    per_worker: list[int]
+    latency_p50_per_worker: list[float | None]
+    latency_p99_per_worker: list[float | None]
+    windows: int
+    verification: RunVerification
+    seconds: float | None
+    throughput: float | None
+    #: Records per second from the first produce to the grouping stage's last write to work.
+    offered_rate: float | None
+    latency_p50_ms: float | None
+    latency_p99_ms: float | None
+    imbalance_final: float
+    max_avg_ratio: float
+    replication: float | None
+    dead_letters: int
+    dead_letter_reasons: dict[str, int]
+    stages: dict[str, dict[str, Any] | None]
+    restarts: dict[str, int]
+    wall_seconds: float
+    #: Completed migrations of a routing-table scheme (``ctl:rebalances``), oldest first.
+    migrations: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        return self.verification.exact
+
+    def as_json(self) -> dict[str, Any]:
+        def rounded(value: float | None, digits: int = 3) -> float | None:
+            return None if value is None else round(value, digits)
+
+        return {
+            "scheme": self.scheme,
+            "run_id": self.run_id,
+            "workload": self.workload,
+            "workers": self.workers,
+            "sources": self.sources,
+            "window_ms": self.window_ms,
+            "cpu_cost_us": self.cpu_cost_us,
+            "records_requested": self.records_requested,
+            "records_produced": self.records_produced,
+            "records_grouped": self.records_grouped,
+            "records_processed": self.records_processed,
+            "exact": self.exact,
+            "windows": self.windows,
+            "seconds": rounded(self.seconds),
+            "throughput": rounded(self.throughput, 1),
+            "offered_rate": rounded(self.offered_rate, 1),
+            "latency_p50_ms": self.latency_p50_ms,
+            "latency_p99_ms": self.latency_p99_ms,
+            "imbalance_final": rounded(self.imbalance_final),
+            "imbalance_fraction": rounded(
+                self.imbalance_final / self.records_processed if self.records_processed else 0.0,
+                6,
+            ),
+            "max_avg_ratio": rounded(self.max_avg_ratio, 4),
+            "replication": rounded(self.replication, 4),
+            "dead_letters": self.dead_letters,
+            "dead_letter_reasons": self.dead_letter_reasons,
+            "per_worker": self.per_worker,
+            "latency_p50_ms_per_worker": self.latency_p50_per_worker,
+            "latency_p99_ms_per_worker": self.latency_p99_per_worker,
+            "verification": self.verification.as_dict(),
+            "restarts": self.restarts,
+            "wall_seconds": round(self.wall_seconds, 3),
+            "migrations": self.migrations,
+        }
+
+    def lines(self) -> list[str]:
+        """The readable summary: one line per worker, then the overall figures."""
+        total = self.records_processed or 1
+        out = [f"{'worker':>6} {'records':>10} {'share':>7} {'p50 ms':>9} {'p99 ms':>9}"]
+        for worker, records in enumerate(self.per_worker):
+            p50 = self.latency_p50_per_worker[worker]
+            p99 = self.latency_p99_per_worker[worker]
+            out.append(
+                f"{worker:>6} {records:>10,} {100 * records / total:>6.1f}% "
+                f"{_ms(p50):>9} {_ms(p99):>9}"
+            )
+        throughput = (
+            f"{self.throughput:,.0f} records/s over {self.seconds:.1f} s "
+            "(first produce to last window final)"
+            if self.throughput
+            else "n/a"
+        )
+        replication = f"{self.replication:.3f}" if self.replication is not None else "n/a"
+        out += [
+            f"records: {self.records_produced:,} produced, {self.records_grouped:,} grouped, "
+            f"{self.records_processed:,} processed; {self.windows} window(s) final; "
+            f"{self.dead_letters:,} dead letter(s)",
+            f"throughput: {throughput}",
+            f"latency (grouping stage to worker): p50 {_ms(self.latency_p50_ms)} ms, "
+            f"p99 {_ms(self.latency_p99_ms)} ms",
+            f"balance: imbalance max-avg {self.imbalance_final:,.1f} records, "
+            f"max/avg {self.max_avg_ratio:.3f}; replication {replication}",
+        ]
+        if self.migrations:
+            moved = sum(m.get("keys_moved", 0) for m in self.migrations)
+            entries = sum(m.get("state_entries_moved", 0) for m in self.migrations)
+            held = sum(m.get("held_records", 0) for m in self.migrations)
+            hold = max(m.get("longest_hold_s", 0.0) for m in self.migrations)
+            longest = max(m.get("duration_s", 0.0) for m in self.migrations)
+            out.append(
+                f"migrations: {len(self.migrations)}; {moved:,} key(s) and {entries:,} state "
+                f"entries moved, {held:,} record(s) held back for at most {hold:.2f} s; "
+                f"longest migration {longest:.2f} s"
+            )
+        return out
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
