@@ -179,6 +179,33 @@ def connect_redis(url: str, timeout: float = 5.0) -> redis.Redis:
     return client
 
 
+#: What a group coordinator answers while it is elected or loads its offsets, e.g. on a fresh
+#: broker, where the first request creates ``__consumer_offsets``: the same request shortly after
+#: succeeds (librdkafka does not flag these as retriable on ``committed()``).
+COORDINATOR_NOT_READY = (
+    "NOT_COORDINATOR",
+    "COORDINATOR_LOAD_IN_PROGRESS",
+    "COORDINATOR_NOT_AVAILABLE",
+)
+
+
+def committed_offset(consumer: Any, partition: Any, timeout: float = 60.0) -> Any:
+    """``consumer.committed([partition])[0]``, asked again while the coordinator is not ready
+    (:data:`COORDINATOR_NOT_READY`) until ``timeout``; any other error is raised at once."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    not_ready = {getattr(KafkaError, name) for name in COORDINATOR_NOT_READY}
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            left = max(deadline - time.monotonic(), 1.0)
+            return consumer.committed([partition], timeout=left)[0]
+        except KafkaException as error:
+            if error.args[0].code() not in not_ready or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
 def topic_partitions(bootstrap: str, name: str, timeout: float = 10.0) -> int | None:
     """Partition count of topic ``name``, or None if it does not exist."""
     from confluent_kafka.admin import AdminClient

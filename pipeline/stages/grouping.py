@@ -420,9 +420,9 @@ class GroupingSource:
         self._consumer = Consumer(
             kafka_io.consumer_config(config.bootstrap, names.consumer_group(self.source))
         )
-        committed = self._consumer.committed(
-            [TopicPartition(names.keys_topic, self.source)], timeout=60
-        )[0]
+        committed = kafka_io.committed_offset(
+            self._consumer, TopicPartition(names.keys_topic, self.source), timeout=60
+        )
         self.watermark, self.table_version = parse_offset_metadata(committed.metadata)
         start = committed.offset if committed.offset >= 0 else OFFSET_BEGINNING
         self._next_offset = max(committed.offset, 0)
