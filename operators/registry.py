@@ -60,6 +60,34 @@ def scheme_class(name: str) -> type[Scheme]:
     return getattr(importlib.import_module(module_name), class_name)
 
 
+def parameters(cls: type[Scheme]) -> dict[str, inspect.Parameter]:
+    """The keyword parameters ``cls(n_workers, **params)`` takes, by name.
+
+    A constructor lists the keyword-only parameters it adds and forwards the rest as
+    ``**base`` to its parent's, so the parameters are collected along the MRO through every
+    constructor that forwards ``**kwargs``, down to :class:`~operators.base.Scheme`'s
+    (``source``, ``n_sources``, ``seed``). A subclass that must not offer a parameter of its
+    parent's (W-Choices and D-Choices' ``epsilon``) keeps it out of the parent they share.
+
+    >>> sorted(parameters(scheme_class("mixed")))[:4]
+    ['beta', 'max_table_size', 'max_trials', 'n_sources']
+    >>> "epsilon" in parameters(scheme_class("w-choices"))
+    False
+    """
+    found: dict[str, inspect.Parameter] = {}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        signature = inspect.signature(init).parameters.values()
+        for parameter in signature:
+            if parameter.kind is inspect.Parameter.KEYWORD_ONLY:
+                found.setdefault(parameter.name, parameter)
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature):
+            break
+    return found
+
+
 def create(
     name: str,
     n_workers: int,
@@ -71,11 +99,7 @@ def create(
 ) -> Scheme:
     """A scheme object for one source; unknown parameters are an error naming the valid ones."""
     cls = scheme_class(name)
-    accepted = {
-        p.name
-        for p in inspect.signature(cls.__init__).parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY
-    }
+    accepted = set(parameters(cls))
     unknown = sorted(set(params) - accepted)
     if unknown:
         valid = ", ".join(sorted(accepted - {"source", "n_sources", "seed"})) or "none"

@@ -39,7 +39,6 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,9 +50,8 @@ from operators.base import KeyStatistics, Scheme, SchemeError, TableScheme
 from operators.keys import KeyBatch
 
 
-def _accepts(cls: type, parameter: str) -> bool:
-    parameters = inspect.signature(cls.__init__).parameters
-    return parameter in parameters and parameters[parameter].kind is inspect.Parameter.KEYWORD_ONLY
+def _accepts(cls: type[Scheme], parameter: str) -> bool:
+    return parameter in registry.parameters(cls)
 
 
 class Router:

@@ -230,27 +230,25 @@ class _HeadTailChoices(Scheme):
     keeps_key_on_one_worker = False
     _head_to_all: bool
 
+    #: Slack of the bounds that size the head keys' choices; only D-Choices takes it as a
+    #: parameter (W-Choices gives head keys every worker, bounds or not).
+    epsilon: float = DEFAULT_EPSILON
+
     def __init__(
         self,
         n_workers: int,
         *,
-        source: int = 0,
-        n_sources: int = 1,
-        seed: int = 0,
         capacity: int = DEFAULT_CAPACITY,
         threshold_t: float = DEFAULT_THRESHOLD_T,
-        epsilon: float = DEFAULT_EPSILON,
+        **base: Any,
     ) -> None:
-        super().__init__(n_workers, source=source, n_sources=n_sources, seed=seed)
+        super().__init__(n_workers, **base)
         if int(capacity) < 1:
             raise SchemeError(f"{self.name}: capacity must be >= 1, got {capacity}")
         if not float(threshold_t) > 0:
             raise SchemeError(f"{self.name}: threshold_t must be > 0, got {threshold_t}")
-        if not float(epsilon) >= 0:
-            raise SchemeError(f"{self.name}: epsilon must be >= 0, got {epsilon}")
         self.capacity = int(capacity)
         self.threshold_t = float(threshold_t)
-        self.epsilon = float(epsilon)
         #: θ = 2/(n·T): a key is head when (count + error)/records_seen exceeds it.
         self.theta = 2.0 / (self.n_workers * self.threshold_t)
         self.summary = SpaceSaving(self.capacity)
@@ -291,26 +289,11 @@ class DChoices(_HeadTailChoices):
     name = "d-choices"
     _head_to_all = False
 
-    def __init__(
-        self,
-        n_workers: int,
-        *,
-        source: int = 0,
-        n_sources: int = 1,
-        seed: int = 0,
-        capacity: int = DEFAULT_CAPACITY,
-        threshold_t: float = DEFAULT_THRESHOLD_T,
-        epsilon: float = DEFAULT_EPSILON,
-    ) -> None:
-        super().__init__(
-            n_workers,
-            source=source,
-            n_sources=n_sources,
-            seed=seed,
-            capacity=capacity,
-            threshold_t=threshold_t,
-            epsilon=epsilon,
-        )
+    def __init__(self, n_workers: int, *, epsilon: float = DEFAULT_EPSILON, **base: Any) -> None:
+        super().__init__(n_workers, **base)
+        if not float(epsilon) >= 0:
+            raise SchemeError(f"{self.name}: epsilon must be >= 0, got {epsilon}")
+        self.epsilon = float(epsilon)
 
     def params(self) -> dict[str, Any]:
         return {**super().params(), "epsilon": self.epsilon}
@@ -326,22 +309,3 @@ class WChoices(_HeadTailChoices):
 
     name = "w-choices"
     _head_to_all = True
-
-    def __init__(
-        self,
-        n_workers: int,
-        *,
-        source: int = 0,
-        n_sources: int = 1,
-        seed: int = 0,
-        capacity: int = DEFAULT_CAPACITY,
-        threshold_t: float = DEFAULT_THRESHOLD_T,
-    ) -> None:
-        super().__init__(
-            n_workers,
-            source=source,
-            n_sources=n_sources,
-            seed=seed,
-            capacity=capacity,
-            threshold_t=threshold_t,
-        )

@@ -40,16 +40,8 @@ class ConsistentHashing(Scheme):
     name = "consistent"
     keeps_key_on_one_worker = True
 
-    def __init__(
-        self,
-        n_workers: int,
-        *,
-        source: int = 0,
-        n_sources: int = 1,
-        seed: int = 0,
-        replicas: int = DEFAULT_REPLICAS,
-    ) -> None:
-        super().__init__(n_workers, source=source, n_sources=n_sources, seed=seed)
+    def __init__(self, n_workers: int, *, replicas: int = DEFAULT_REPLICAS, **base: Any) -> None:
+        super().__init__(n_workers, **base)
         if int(replicas) < 1:
             raise SchemeError(f"consistent: replicas must be >= 1, got {replicas}")
         self.replicas = int(replicas)

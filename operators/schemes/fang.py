@@ -513,15 +513,13 @@ class FangScheme(TableScheme):
         self,
         n_workers: int,
         *,
-        source: int = 0,
-        n_sources: int = 1,
-        seed: int = 0,
         theta_max: float = 0.08,
         max_table_size: int | None = 3000,
         window: int = 1,
         replicas: int = 100,
+        **base: Any,
     ) -> None:
-        super().__init__(n_workers, source=source, n_sources=n_sources, seed=seed)
+        super().__init__(n_workers, **base)
         if not float(theta_max) >= 0.0:
             raise SchemeError(f"{self.name}: theta_max must be >= 0, got {theta_max}")
         if max_table_size is not None and int(max_table_size) < 0:
@@ -682,29 +680,8 @@ class MinTable(FangScheme):
 class _PriorityScheme(FangScheme):
     """Schemes ordered by γ = c^β / S (§3.2); adds ``beta``."""
 
-    def __init__(
-        self,
-        n_workers: int,
-        *,
-        source: int = 0,
-        n_sources: int = 1,
-        seed: int = 0,
-        theta_max: float = 0.08,
-        max_table_size: int | None = 3000,
-        window: int = 1,
-        replicas: int = 100,
-        beta: float = 1.5,
-    ) -> None:
-        super().__init__(
-            n_workers,
-            source=source,
-            n_sources=n_sources,
-            seed=seed,
-            theta_max=theta_max,
-            max_table_size=max_table_size,
-            window=window,
-            replicas=replicas,
-        )
+    def __init__(self, n_workers: int, *, beta: float = 1.5, **base: Any) -> None:
+        super().__init__(n_workers, **base)
         if not float(beta) >= 0.0:
             raise SchemeError(f"{self.name}: beta must be >= 0, got {beta}")
         self.beta = float(beta)
@@ -730,31 +707,8 @@ class Mixed(_PriorityScheme):
     name = "mixed"
     strategy = "mixed"
 
-    def __init__(
-        self,
-        n_workers: int,
-        *,
-        source: int = 0,
-        n_sources: int = 1,
-        seed: int = 0,
-        theta_max: float = 0.08,
-        max_table_size: int | None = 3000,
-        window: int = 1,
-        replicas: int = 100,
-        beta: float = 1.5,
-        max_trials: int = 10,
-    ) -> None:
-        super().__init__(
-            n_workers,
-            source=source,
-            n_sources=n_sources,
-            seed=seed,
-            theta_max=theta_max,
-            max_table_size=max_table_size,
-            window=window,
-            replicas=replicas,
-            beta=beta,
-        )
+    def __init__(self, n_workers: int, *, max_trials: int = 10, **base: Any) -> None:
+        super().__init__(n_workers, **base)
         if int(max_trials) < 1:
             raise SchemeError(f"{self.name}: max_trials must be >= 1, got {max_trials}")
         self.max_trials = int(max_trials)

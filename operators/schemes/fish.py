@@ -241,17 +241,15 @@ class Fish(Scheme):
         self,
         n_workers: int,
         *,
-        source: int = 0,
-        n_sources: int = 1,
-        seed: int = 0,
         capacity: int | None = None,
         epoch: int = DEFAULT_EPOCH,
         decay: float = DEFAULT_DECAY,
         threshold_t: float = DEFAULT_THRESHOLD_T,
         virtual_nodes: int = DEFAULT_VIRTUAL_NODES,
         worker_speeds: Sequence[float] | np.ndarray | str | None = None,
+        **base: Any,
     ) -> None:
-        super().__init__(n_workers, source=source, n_sources=n_sources, seed=seed)
+        super().__init__(n_workers, **base)
         if capacity is not None and int(capacity) < 1:
             raise SchemeError(f"fish: capacity must be >= 1, got {capacity}")
         if int(epoch) < 1:

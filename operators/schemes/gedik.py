@@ -86,6 +86,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numba
@@ -128,6 +129,29 @@ def resource_load(frequency: np.ndarray, kind: str) -> np.ndarray:
 
 
 @numba.njit(cache=True)
+def _keep_three(
+    values: np.ndarray, index: np.ndarray, k: int, v: float, i: int, sign: float
+) -> None:
+    """Insert channel ``i``'s load ``v`` into row ``k`` of the three most extreme loads, kept in
+    order: the largest for ``sign`` 1, the smallest for -1 (ties keep the earlier channel)."""
+    if sign * v > sign * values[k, 2]:
+        if sign * v > sign * values[k, 1]:
+            values[k, 2] = values[k, 1]
+            index[k, 2] = index[k, 1]
+            if sign * v > sign * values[k, 0]:
+                values[k, 1] = values[k, 0]
+                index[k, 1] = index[k, 0]
+                values[k, 0] = v
+                index[k, 0] = i
+            else:
+                values[k, 1] = v
+                index[k, 1] = i
+        else:
+            values[k, 2] = v
+            index[k, 2] = i
+
+
+@numba.njit(cache=True)
 def _extremes(
     loads: np.ndarray,
     top_val: np.ndarray,
@@ -143,37 +167,8 @@ def _extremes(
             bot_val[k, r] = np.inf
             bot_idx[k, r] = -1
         for i in range(n_channels):
-            v = loads[k, i]
-            if v > top_val[k, 2]:
-                if v > top_val[k, 1]:
-                    top_val[k, 2] = top_val[k, 1]
-                    top_idx[k, 2] = top_idx[k, 1]
-                    if v > top_val[k, 0]:
-                        top_val[k, 1] = top_val[k, 0]
-                        top_idx[k, 1] = top_idx[k, 0]
-                        top_val[k, 0] = v
-                        top_idx[k, 0] = i
-                    else:
-                        top_val[k, 1] = v
-                        top_idx[k, 1] = i
-                else:
-                    top_val[k, 2] = v
-                    top_idx[k, 2] = i
-            if v < bot_val[k, 2]:
-                if v < bot_val[k, 1]:
-                    bot_val[k, 2] = bot_val[k, 1]
-                    bot_idx[k, 2] = bot_idx[k, 1]
-                    if v < bot_val[k, 0]:
-                        bot_val[k, 1] = bot_val[k, 0]
-                        bot_idx[k, 1] = bot_idx[k, 0]
-                        bot_val[k, 0] = v
-                        bot_idx[k, 0] = i
-                    else:
-                        bot_val[k, 1] = v
-                        bot_idx[k, 1] = i
-                else:
-                    bot_val[k, 2] = v
-                    bot_idx[k, 2] = i
+            _keep_three(top_val, top_idx, k, loads[k, i], i, 1.0)
+            _keep_three(bot_val, bot_idx, k, loads[k, i], i, -1.0)
 
 
 @numba.njit(cache=True)
@@ -241,6 +236,63 @@ def _utility(code: int, rho: float, gamma: float) -> float:
 
 
 @numba.njit(cache=True)
+def _workspace(
+    n_resources: int, n_channels: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Zeroed per-channel ``loads`` and ``totals``, and the buffers :func:`_extremes` fills."""
+    return (
+        np.zeros((n_resources, n_channels)),
+        np.zeros(n_resources),
+        np.empty((n_resources, 3)),
+        np.empty((n_resources, 3), dtype=np.int64),
+        np.empty((n_resources, 3)),
+        np.empty((n_resources, 3), dtype=np.int64),
+    )
+
+
+@numba.njit(cache=True)
+def _place(loads: np.ndarray, totals: np.ndarray, row: np.ndarray, channel: int) -> None:
+    """Add one item's resource vector ``row`` to ``channel``."""
+    for k in range(row.shape[0]):
+        loads[k, channel] += row[k]
+        totals[k] += row[k]
+
+
+@numba.njit(cache=True)
+def _best_channel(
+    loads: np.ndarray,
+    totals: np.ndarray,
+    theta: float,
+    top_val: np.ndarray,
+    top_idx: np.ndarray,
+    bot_val: np.ndarray,
+    bot_idx: np.ndarray,
+    row: np.ndarray,
+    home: int,
+    cost: float,
+    m: float,
+    m_bar: float,
+    n_channels: int,
+    utility: int,
+    unused: np.ndarray,
+) -> tuple[float, int, float]:
+    """(utility, channel, rho) of the best channel for one unplaced item (ties: lowest channel);
+    leaving its ``home`` channel adds its ``cost`` to the migration."""
+    best_u = np.inf
+    best_l = 0
+    best_rho = 0.0
+    for channel in range(n_channels):
+        a = _rho_after(
+            loads, totals, theta, top_val, top_idx, bot_val, bot_idx, channel, row, -1, unused
+        )
+        moved = cost if channel != home else 0.0
+        u = _utility(utility, a, (m + moved) / m_bar)
+        if u < best_u:
+            best_u, best_l, best_rho = u, channel, a
+    return best_u, best_l, best_rho
+
+
+@numba.njit(cache=True)
 def _scan(
     ell: np.ndarray,
     theta: float,
@@ -252,46 +304,21 @@ def _scan(
     utility: int,
 ) -> tuple[np.ndarray, float, float]:
     n_items, n_resources = ell.shape
-    loads = np.zeros((n_resources, n_channels))
-    totals = np.zeros(n_resources)
-    top_val = np.empty((n_resources, 3))
-    top_idx = np.empty((n_resources, 3), dtype=np.int64)
-    bot_val = np.empty((n_resources, 3))
-    bot_idx = np.empty((n_resources, 3), dtype=np.int64)
+    loads, totals, top_val, top_idx, bot_val, bot_idx = _workspace(n_resources, n_channels)
     unused = np.zeros(n_resources)
     assign = np.empty(n_items, dtype=np.int32)
     m = m0
     rho = 0.0
     for d in range(n_items):
         _extremes(loads, top_val, top_idx, bot_val, bot_idx)
-        best_u = np.inf
-        best_l = 0
-        best_rho = 0.0
-        for channel in range(n_channels):
-            a = _rho_after(
-                loads,
-                totals,
-                theta,
-                top_val,
-                top_idx,
-                bot_val,
-                bot_idx,
-                channel,
-                ell[d],
-                -1,
-                unused,
-            )
-            moved = cost[d] if channel != home[d] else 0.0
-            u = _utility(utility, a, (m + moved) / m_bar)
-            if u < best_u:
-                best_u, best_l, best_rho = u, channel, a
+        _, best_l, rho = _best_channel(
+            loads, totals, theta, top_val, top_idx, bot_val, bot_idx,
+            ell[d], home[d], cost[d], m, m_bar, n_channels, utility, unused,
+        )  # fmt: skip
         assign[d] = best_l
         if best_l != home[d]:
             m += cost[d]
-        for k in range(n_resources):
-            loads[k, best_l] += ell[d, k]
-            totals[k] += ell[d, k]
-        rho = best_rho
+        _place(loads, totals, ell[d], best_l)
     return assign, m, rho
 
 
@@ -308,12 +335,7 @@ def _redist(
     utility: int,
 ) -> tuple[np.ndarray, float, float]:
     n_items, n_resources = ell.shape
-    loads = np.zeros((n_resources, n_channels))
-    totals = np.zeros(n_resources)
-    top_val = np.empty((n_resources, 3))
-    top_idx = np.empty((n_resources, 3), dtype=np.int64)
-    bot_val = np.empty((n_resources, 3))
-    bot_idx = np.empty((n_resources, 3), dtype=np.int64)
+    loads, totals, top_val, top_idx, bot_val, bot_idx = _workspace(n_resources, n_channels)
     unused = np.zeros(n_resources)
     assign = np.full(n_items, -1, dtype=np.int32)
     m = m0
@@ -327,30 +349,19 @@ def _redist(
         for c in range(n_items):
             if assign[c] >= 0:
                 continue
-            for channel in range(n_channels):
-                a = _rho_after(
-                    loads,
-                    totals,
-                    theta,
-                    top_val,
-                    top_idx,
-                    bot_val,
-                    bot_idx,
-                    channel,
-                    ell[c],
-                    -1,
-                    unused,
-                )
-                moved = cost[c] if channel != home[c] else 0.0
-                u = _utility(utility, a, (m + moved) / m_bar) / frequency[c]
-                if u < best_u:
-                    best_u, best_d, best_l, best_rho = u, c, channel, a
+            u, channel, a = _best_channel(
+                loads, totals, theta, top_val, top_idx, bot_val, bot_idx,
+                ell[c], home[c], cost[c], m, m_bar, n_channels, utility, unused,
+            )  # fmt: skip
+            # Dividing by the key's frequency ranks keys; a channel's rank among one key's
+            # channels is the same as without it.
+            u = u / frequency[c]
+            if u < best_u:
+                best_u, best_d, best_l, best_rho = u, c, channel, a
         assign[best_d] = best_l
         if best_l != home[best_d]:
             m += cost[best_d]
-        for k in range(n_resources):
-            loads[k, best_l] += ell[best_d, k]
-            totals[k] += ell[best_d, k]
+        _place(loads, totals, ell[best_d], best_l)
         rho = best_rho
     return assign, m, rho
 
@@ -379,19 +390,12 @@ def _readj(
 ) -> tuple[np.ndarray, float, float]:
     n_items, n_resources = ell.shape
     assign = start.copy()
-    loads = np.zeros((n_resources, n_channels))
-    totals = np.zeros(n_resources)
+    loads, totals, top_val, top_idx, bot_val, bot_idx = _workspace(n_resources, n_channels)
     m = m0
     for d in range(n_items):
-        for k in range(n_resources):
-            loads[k, assign[d]] += ell[d, k]
-            totals[k] += ell[d, k]
+        _place(loads, totals, ell[d], assign[d])
         if assign[d] != home[d]:
             m += cost[d]
-    top_val = np.empty((n_resources, 3))
-    top_idx = np.empty((n_resources, 3), dtype=np.int64)
-    bot_val = np.empty((n_resources, 3))
-    bot_idx = np.empty((n_resources, 3), dtype=np.int64)
     delta1 = np.zeros(n_resources)
     delta2 = np.zeros(n_resources)
     still = np.zeros(n_resources)
@@ -476,6 +480,25 @@ def _readj(
 # --- the schemes -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Construction:
+    """What a construction heuristic places: the tracked keys in placement order, each with its
+    resource vector (a row of ``ell``), migration ``cost``, ``frequency``, old channel ``home``
+    (>= ``n_workers`` when new to the table) and new ring owner, plus θ, M₀, M̄ and the utility's
+    index in :data:`UTILITIES`."""
+
+    ell: np.ndarray
+    theta: float
+    cost: np.ndarray
+    frequency: np.ndarray
+    home: np.ndarray
+    ring_owner: np.ndarray
+    m0: float
+    m_bar: float
+    n_workers: int
+    utility: int
+
+
 class GedikScheme(TableScheme):
     """Consistent hash + explicit map, re-planned by one of Gedik's heuristics (see module doc).
 
@@ -498,9 +521,6 @@ class GedikScheme(TableScheme):
         self,
         n_workers: int,
         *,
-        source: int = 0,
-        n_sources: int = 1,
-        seed: int = 0,
         alpha: float = 1.2,
         sigma: float = 0.1,
         epsilon: float | None = None,
@@ -509,8 +529,9 @@ class GedikScheme(TableScheme):
         replicas: int = 1000,
         window: int | None = None,
         domain_size: int | None = None,
+        **base: Any,
     ) -> None:
-        super().__init__(n_workers, source=source, n_sources=n_sources, seed=seed)
+        super().__init__(n_workers, **base)
         self.alpha = float(alpha)
         self.sigma = float(sigma)
         self.resources = str(resources).upper()
@@ -701,9 +722,14 @@ class GedikScheme(TableScheme):
             np.stack([resource_load(f[items], kind) for kind in active], axis=1)
         )
         home = old_workers[items].astype(np.int32)
-        assign, m_final, rho = self._construct(
-            ell, theta, state[items], f[items], home, new_ring_workers[items], m0, m_bar, n_new
-        )
+        problem = Construction(
+            ell, theta, state[items], f[items], home, new_ring_workers[items], m0, m_bar, n_new,
+            UTILITIES.index(self.utility),
+        )  # fmt: skip
+        if ell.shape[0] == 0:
+            assign, m_final, rho = np.empty(0, np.int32), m0, 0.0
+        else:
+            assign, m_final, rho = self._construct(problem)
         table = RoutingTable(named[items], assign, version=self.table.version + 1)
 
         new_workers = table.apply(named, new_ring_workers)
@@ -765,18 +791,8 @@ class GedikScheme(TableScheme):
             return float(unnamed)
         return unnamed * (rest / unnamed) ** 2 if unnamed else 0.0
 
-    def _construct(
-        self,
-        ell: np.ndarray,
-        theta: float,
-        cost: np.ndarray,
-        frequency: np.ndarray,
-        home: np.ndarray,
-        ring_owner: np.ndarray,
-        m0: float,
-        m_bar: float,
-        n_workers: int,
-    ) -> tuple[np.ndarray, float, float]:
+    def _construct(self, problem: Construction) -> tuple[np.ndarray, float, float]:
+        """The placement of ``problem``'s keys (one or more): (channel per key, M, rho)."""
         raise NotImplementedError
 
     def params(self) -> dict[str, Any]:
@@ -829,21 +845,9 @@ class Scan(GedikScheme):
     name = "scan"
     algorithm = "scan"
 
-    def _construct(
-        self,
-        ell: np.ndarray,
-        theta: float,
-        cost: np.ndarray,
-        frequency: np.ndarray,
-        home: np.ndarray,
-        ring_owner: np.ndarray,
-        m0: float,
-        m_bar: float,
-        n_workers: int,
-    ) -> tuple[np.ndarray, float, float]:
-        if ell.shape[0] == 0:
-            return np.empty(0, np.int32), m0, 0.0
-        return _scan(ell, theta, cost, home, m0, m_bar, n_workers, UTILITIES.index(self.utility))
+    def _construct(self, problem: Construction) -> tuple[np.ndarray, float, float]:
+        p = problem
+        return _scan(p.ell, p.theta, p.cost, p.home, p.m0, p.m_bar, p.n_workers, p.utility)
 
 
 class Redist(GedikScheme):
@@ -852,22 +856,10 @@ class Redist(GedikScheme):
     name = "redist"
     algorithm = "redist"
 
-    def _construct(
-        self,
-        ell: np.ndarray,
-        theta: float,
-        cost: np.ndarray,
-        frequency: np.ndarray,
-        home: np.ndarray,
-        ring_owner: np.ndarray,
-        m0: float,
-        m_bar: float,
-        n_workers: int,
-    ) -> tuple[np.ndarray, float, float]:
-        if ell.shape[0] == 0:
-            return np.empty(0, np.int32), m0, 0.0
+    def _construct(self, problem: Construction) -> tuple[np.ndarray, float, float]:
+        p = problem
         return _redist(
-            ell, theta, cost, frequency, home, m0, m_bar, n_workers, UTILITIES.index(self.utility)
+            p.ell, p.theta, p.cost, p.frequency, p.home, p.m0, p.m_bar, p.n_workers, p.utility
         )
 
 
@@ -881,69 +873,20 @@ class Readj(GedikScheme):
     name = "readj"
     algorithm = "readj"
 
-    def __init__(
-        self,
-        n_workers: int,
-        *,
-        source: int = 0,
-        n_sources: int = 1,
-        seed: int = 0,
-        alpha: float = 1.2,
-        sigma: float = 0.1,
-        epsilon: float | None = None,
-        resources: str = "LCL",
-        utility: str = "APM",
-        replicas: int = 1000,
-        window: int | None = None,
-        domain_size: int | None = None,
-        move_limit: int = 5,
-    ) -> None:
-        super().__init__(
-            n_workers,
-            source=source,
-            n_sources=n_sources,
-            seed=seed,
-            alpha=alpha,
-            sigma=sigma,
-            epsilon=epsilon,
-            resources=resources,
-            utility=utility,
-            replicas=replicas,
-            window=window,
-            domain_size=domain_size,
-        )
+    def __init__(self, n_workers: int, *, move_limit: int = 5, **base: Any) -> None:
+        super().__init__(n_workers, **base)
         self.move_limit = int(move_limit)
         if self.move_limit < 0:
             raise SchemeError(f"readj: move_limit must be >= 0, got {move_limit}")
 
-    def _construct(
-        self,
-        ell: np.ndarray,
-        theta: float,
-        cost: np.ndarray,
-        frequency: np.ndarray,
-        home: np.ndarray,
-        ring_owner: np.ndarray,
-        m0: float,
-        m_bar: float,
-        n_workers: int,
-    ) -> tuple[np.ndarray, float, float]:
-        if ell.shape[0] == 0:
-            return np.empty(0, np.int32), m0, 0.0
-        start = np.where(home < n_workers, home, ring_owner).astype(np.int32)
+    def _construct(self, problem: Construction) -> tuple[np.ndarray, float, float]:
+        p = problem
+        # Keys new to the table start on their ring owner (their home is past the channels).
+        start = np.where(p.home < p.n_workers, p.home, p.ring_owner).astype(np.int32)
         return _readj(
-            ell,
-            theta,
-            cost,
-            frequency,
-            home,
-            start,
-            m0,
-            m_bar,
-            n_workers,
-            UTILITIES.index(self.utility),
-            self.move_limit,
-        )
+            p.ell, p.theta, p.cost, p.frequency, p.home, start, p.m0, p.m_bar, p.n_workers,
+            p.utility, self.move_limit,
+        )  # fmt: skip
 
     def params(self) -> dict[str, Any]:
         return {**super().params(), "move_limit": self.move_limit}

@@ -15,6 +15,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from operators.base import Scheme
@@ -45,8 +47,8 @@ class ShuffleGrouping(Scheme):
     name = "shuffle"
     keeps_key_on_one_worker = False
 
-    def __init__(self, n_workers: int, *, source: int = 0, n_sources: int = 1, seed: int = 0):
-        super().__init__(n_workers, source=source, n_sources=n_sources, seed=seed)
+    def __init__(self, n_workers: int, **base: Any) -> None:
+        super().__init__(n_workers, **base)
         self._next = self.source % self.n_workers
 
     def route(self, keys: KeyBatch) -> np.ndarray:

@@ -97,8 +97,8 @@ class PartialKeyGrouping(Scheme):
     #: Set by ``pkg-probing``; the simulator probes only schemes that set it.
     probe_interval: int | None = None
 
-    def __init__(self, n_workers: int, *, source: int = 0, n_sources: int = 1, seed: int = 0):
-        super().__init__(n_workers, source=source, n_sources=n_sources, seed=seed)
+    def __init__(self, n_workers: int, **base: Any) -> None:
+        super().__init__(n_workers, **base)
         #: The load estimate, in units of ``1 / _increment`` records.
         self._estimate = np.zeros(self.n_workers, dtype=np.int64)
         self._increment = 1
@@ -139,15 +139,9 @@ class ProbingPartialKeyGrouping(PartialKeyGrouping):
     name = "pkg-probing"
 
     def __init__(
-        self,
-        n_workers: int,
-        *,
-        source: int = 0,
-        n_sources: int = 1,
-        seed: int = 0,
-        probe_interval: int = DEFAULT_PROBE_INTERVAL,
-    ):
-        super().__init__(n_workers, source=source, n_sources=n_sources, seed=seed)
+        self, n_workers: int, *, probe_interval: int = DEFAULT_PROBE_INTERVAL, **base: Any
+    ) -> None:
+        super().__init__(n_workers, **base)
         if int(probe_interval) < 1:
             raise SchemeError(f"{self.name}: probe_interval must be >= 1, got {probe_interval}")
         self.probe_interval = int(probe_interval)

@@ -32,7 +32,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numba
 import numpy as np
@@ -219,8 +219,8 @@ class FirstSightAssignment(Scheme):
     keeps_key_on_one_worker = True
     global_estimation: ClassVar[bool] = True
 
-    def __init__(self, n_workers: int, *, source: int = 0, n_sources: int = 1, seed: int = 0):
-        super().__init__(n_workers, source=source, n_sources=n_sources, seed=seed)
+    def __init__(self, n_workers: int, **base: Any) -> None:
+        super().__init__(n_workers, **base)
         #: Records routed to each worker so far (by all sources, see the module docstring).
         self.loads = np.zeros(self.n_workers, dtype=np.int64)
         #: Key -> worker of every key seen: a routing table with one entry per distinct key.

@@ -92,9 +92,9 @@ def test_every_name_constructs_and_routes(name: str) -> None:
     assert cls.name == name
     assert isinstance(cls.keeps_key_on_one_worker, bool)
     # Scheme-specific parameters are keyword-only with defaults, so `create` can list them.
-    for parameter in inspect.signature(cls.__init__).parameters.values():
-        if parameter.kind is inspect.Parameter.KEYWORD_ONLY:
-            assert parameter.default is not inspect.Parameter.empty, parameter.name
+    for parameter in registry.parameters(cls).values():
+        assert parameter.kind is inspect.Parameter.KEYWORD_ONLY
+        assert parameter.default is not inspect.Parameter.empty, parameter.name
     scheme = registry.create(name, 5, source=1, n_sources=3, seed=7)
     assert (scheme.n_workers, scheme.source, scheme.n_sources, scheme.seed) == (5, 1, 3, 7)
     keys = KeyBatch.from_ints(np.arange(200) % 17)
