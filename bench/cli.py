@@ -55,9 +55,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     migration.set_defaults(handler=run_migration)
 
 
-def _command(args: argparse.Namespace) -> str:
-    words = ["skewer", "bench", args.bench_command]
-    if args.quick:
+def _command(args: argparse.Namespace, *flags: str) -> str:
+    """The command line recorded with the results: ``flags`` the subcommand's own, as given."""
+    words = ["skewer", "bench", args.bench_command, *flags]
+    if getattr(args, "quick", False):
         words.append("--quick")
     if getattr(args, "only", None):
         words += ["--only", *args.only]
@@ -118,12 +119,9 @@ def run_e2e(args: argparse.Namespace) -> int:
     from pipeline.cli.arguments import UsageError
     from pipeline.runs.orchestrator import PipelineError
 
-    words = ["skewer", "bench", "e2e", "--records", str(args.records)]
-    words += ["--cpu-cost-us", f"{args.cpu_cost_us:g}"]
-    if args.only:
-        words += ["--only", *args.only]
-    if args.out is not None:
-        words += ["--out", str(args.out)]
+    command = _command(
+        args, "--records", str(args.records), "--cpu-cost-us", f"{args.cpu_cost_us:g}"
+    )
     began = time.perf_counter()
     try:
         result = end_to_end.run(
@@ -137,7 +135,7 @@ def run_e2e(args: argparse.Namespace) -> int:
     except PipelineError as error:
         print(f"skewer bench e2e: error: {error}", file=sys.stderr)
         return 1
-    return _write(result, args.out, " ".join(words), time.perf_counter() - began)
+    return _write(result, args.out, command, time.perf_counter() - began)
 
 
 def run_migration(args: argparse.Namespace) -> int:
@@ -147,13 +145,8 @@ def run_migration(args: argparse.Namespace) -> int:
 
     if not args.interval > 0:
         raise UsageError(f"--interval must be > 0, got {args.interval}")
-    words = ["skewer", "bench", "migration"]
-    if args.interval != migration.INTERVAL:
-        words += ["--interval", f"{args.interval:g}"]
-    if args.only:
-        words += ["--only", *args.only]
-    if args.out is not None:
-        words += ["--out", str(args.out)]
+    interval = ["--interval", f"{args.interval:g}"] if args.interval != migration.INTERVAL else []
+    command = _command(args, *interval)
     began = time.perf_counter()
     try:
         result = migration.run(
@@ -162,4 +155,4 @@ def run_migration(args: argparse.Namespace) -> int:
     except PipelineError as error:
         print(f"skewer bench migration: error: {error}", file=sys.stderr)
         return 1
-    return _write(result, args.out, " ".join(words), time.perf_counter() - began)
+    return _write(result, args.out, command, time.perf_counter() - began)
