@@ -60,11 +60,12 @@ def load_figures(loads: Sequence[int]) -> tuple[float, float, float]:
     >>> load_figures([30, 10, 10, 10]), load_figures([0, 0])
     ((15.0, 0.25, 2.0), (0.0, 0.0, 0.0))
     """
-    total = sum(int(x) for x in loads)
+    array = np.asarray(loads, dtype=np.int64)
+    total = int(array.sum())
     if not total:
         return 0.0, 0.0, 0.0
-    value = float(imbalance(np.asarray(loads)))
-    return value, value / total, float(max_avg_ratio(np.asarray(loads)))
+    value = float(imbalance(array))
+    return value, value / total, float(max_avg_ratio(array))
 
 
 def checkpoint_positions(records: int, count: int) -> np.ndarray:

@@ -500,6 +500,7 @@ class Pipeline:
         plan, store = self.plan, self.store
         verification = verification or verify_run(store)
         loads = store.processed_per_worker(plan.workers).tolist()
+        imbalance_final, _, max_avg_ratio = load_figures(loads)
         histograms = [store.latency_histogram(plan.workers, w) for w in range(plan.workers)]
         overall: dict[int, int] = {}
         for histogram in histograms:
@@ -539,8 +540,8 @@ class Pipeline:
             offered_rate=processed / offered if offered else None,
             latency_p50_ms=latency_quantile(overall, 0.5),
             latency_p99_ms=latency_quantile(overall, 0.99),
-            imbalance_final=load_figures(loads)[0],
-            max_avg_ratio=load_figures(loads)[2],
+            imbalance_final=imbalance_final,
+            max_avg_ratio=max_avg_ratio,
             replication=totals.get("state_entries", 0) / distinct if distinct else None,
             dead_letters=sum(dead.values()),
             dead_letter_reasons=dead,
