@@ -3,9 +3,10 @@
 ``skewer bench paper [--quick] [--only NAME ...]`` runs every experiment module of
 ``bench/experiments`` (or the named ones) and writes ``<name>.md`` (headed by the command and
 the machine), its PNG figures and its data as JSON. ``skewer bench speed`` measures routing,
-simulation and planning speed into ``speed.md``. ``skewer bench e2e`` runs the live pipeline
-once per live scheme (services must answer) into ``end_to_end.md``; ``skewer bench migration``
-runs each routing-table scheme live with its controller, and in the simulator, into
+simulation and planning speed into ``speed.md``. ``skewer bench worker`` races the worker stage
+against Spark's own windowed count into ``worker_stage.md``. ``skewer bench e2e`` runs the live
+pipeline once per live scheme (services must answer) into ``end_to_end.md``; ``skewer bench
+migration`` runs each routing-table scheme live with its controller, and in the simulator, into
 ``migration.md``. ``--out DIR`` writes elsewhere.
 """
 
@@ -38,10 +39,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     speed.add_argument("--quick", action="store_true", help="10^6 keys instead of 10^7")
     speed.add_argument("--out", type=Path, help="output directory (default bench/results)")
     speed.set_defaults(handler=run_speed)
+    worker = commands.add_parser(
+        "worker", help="the worker stage against Spark's own groupBy(window, key).count()"
+    )
+    worker.add_argument("--records", type=int, default=1_000_000, help="records (1000000)")
+    worker.add_argument("--rounds", type=int, default=3, help="measured pairs (3)")
+    worker.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    worker.set_defaults(handler=run_worker)
     e2e = commands.add_parser("e2e", help="throughput and latency of the live pipeline per scheme")
     e2e.add_argument("--records", type=int, default=200_000, help="records per run (200000)")
     e2e.add_argument("--cpu-cost-us", type=float, default=1000.0, help="µs per record (1000)")
     e2e.add_argument("--only", nargs="+", metavar="SCHEME", help="these live schemes only")
+    e2e.add_argument(
+        "--no-latency", action="store_true", help="skip the latency table at fixed offered loads"
+    )
     e2e.add_argument("--out", type=Path, help="output directory (default bench/results)")
     e2e.set_defaults(handler=run_e2e)
     migration = commands.add_parser(
@@ -114,13 +125,32 @@ def run_speed(args: argparse.Namespace) -> int:
     return _write(result, args.out, _command(args), time.perf_counter() - began)
 
 
+def run_worker(args: argparse.Namespace) -> int:
+    from bench import worker_stage
+    from pipeline.cli.arguments import UsageError, require_at_least
+
+    require_at_least(1, ("--records", args.records), ("--rounds", args.rounds))
+    command = _command(args, "--records", str(args.records), "--rounds", str(args.rounds))
+    began = time.perf_counter()
+    try:
+        result = worker_stage.run(records_count=args.records, rounds=args.rounds, log=_log)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    return _write(result, args.out, command, time.perf_counter() - began)
+
+
 def run_e2e(args: argparse.Namespace) -> int:
     from bench import end_to_end
     from pipeline.cli.arguments import UsageError
     from pipeline.runs.orchestrator import PipelineError
 
     command = _command(
-        args, "--records", str(args.records), "--cpu-cost-us", f"{args.cpu_cost_us:g}"
+        args,
+        "--records",
+        str(args.records),
+        "--cpu-cost-us",
+        f"{args.cpu_cost_us:g}",
+        *(["--no-latency"] if args.no_latency else []),
     )
     began = time.perf_counter()
     try:
@@ -128,6 +158,7 @@ def run_e2e(args: argparse.Namespace) -> int:
             records=args.records,
             cpu_cost_us=args.cpu_cost_us,
             schemes=args.only or end_to_end.LIVE_SCHEMES,
+            latency_loads=() if args.no_latency else end_to_end.LATENCY_LOADS,
             log=_log,
         )
     except ValueError as error:

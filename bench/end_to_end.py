@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bench.experiment import ExperimentResult
@@ -55,10 +55,91 @@ PKG_ON_THIS_STREAM = (
 )
 
 
-def row(summary: Any) -> dict[str, Any]:
+#: The steady state of a run: from the moment the workers have processed this share of the
+#: records (start-up, the Python workers' first batches, JIT warm-up behind) ...
+STEADY_FROM = 0.2
+#: ... until this share (the tail, the last window's close and the stages' exits excluded).
+STEADY_UNTIL = 0.9
+#: Offered loads of the latency table, as fractions of the even-load bound W x 10^6 / C.
+LATENCY_LOADS = (0.25, 0.5, 0.8, 1.2)
+#: Seconds of offered load per latency run (records = rate x this).
+LATENCY_SECONDS = 20.0
+#: Records of the saturating zero-cost run that measures the pipeline's own capacity.
+ZERO_COST_RECORDS = 400_000
+
+
+@dataclass
+class Trace:
+    """What the bench samples while a run goes (about once a second)."""
+
+    #: (seconds since start, records grouped, records processed by the workers)
+    samples: list[tuple[float, int, int]] = field(default_factory=list)
+    #: The workers' latency histogram when the steady state began, and at the end.
+    latency_at_steady: dict[int, int] | None = None
+    latency_at_end: dict[int, int] = field(default_factory=dict)
+
+    def steady_rate(self, records: int) -> float | None:
+        """Records per second the workers processed while a backlog existed, between
+        :data:`STEADY_FROM` and :data:`STEADY_UNTIL` of the records (None if too short)."""
+        steady = [
+            (elapsed, processed)
+            for elapsed, grouped, processed in self.samples
+            if STEADY_FROM * records <= processed <= STEADY_UNTIL * records and grouped > processed
+        ]
+        if len(steady) < 2 or steady[-1][0] <= steady[0][0]:
+            return None
+        return (steady[-1][1] - steady[0][1]) / (steady[-1][0] - steady[0][0])
+
+    def steady_latency(self) -> dict[int, int]:
+        """The latency histogram of the records applied after the steady state began."""
+        before = self.latency_at_steady or {}
+        return {
+            bucket: count - before.get(bucket, 0)
+            for bucket, count in self.latency_at_end.items()
+            if count > before.get(bucket, 0)
+        }
+
+
+def traced_run(plan: Any, settings: Any) -> tuple[Any, Trace]:
+    """:func:`pipeline.runs.orchestrator.run_pipeline`, sampling progress and latency."""
+    from pipeline.runs.orchestrator import Pipeline
+
+    trace = Trace()
+    with Pipeline(plan, settings) as pipeline:
+        pipeline.prepare()
+        pipeline.start_all()
+
+        def sample(progress: Any) -> None:
+            trace.samples.append((progress.elapsed, progress.grouped, progress.processed))
+            if trace.latency_at_steady is None and progress.processed >= STEADY_FROM * (
+                plan.records
+            ):
+                trace.latency_at_steady = pipeline.store.latency_histogram(plan.workers)
+
+        pipeline.wait(timeout=RUN_TIMEOUT, on_progress=sample)
+        summary = pipeline.summary()
+        trace.latency_at_end = pipeline.store.latency_histogram(plan.workers)
+        pipeline.cleanup()
+    return summary, trace
+
+
+def row(summary: Any, trace: Trace | None = None) -> dict[str, Any]:
     """The figures of one scheme's run (``summary`` is a RunSummary)."""
+    from pipeline.io.state_store import latency_quantile
+
     hottest = max(summary.per_worker)
+    steady = trace.steady_rate(summary.records_processed) if trace else None
+    steady_latency = trace.steady_latency() if trace else {}
+    bound_rate = (
+        summary.records_processed / (hottest * summary.cpu_cost_us / 1e6)
+        if summary.cpu_cost_us
+        else None
+    )
     return {
+        "steady_rate": steady,
+        "bound_rate": bound_rate,
+        "steady_p50_ms": latency_quantile(steady_latency, 0.5),
+        "steady_p99_ms": latency_quantile(steady_latency, 0.99),
         "scheme": summary.scheme,
         "throughput": summary.throughput,
         "seconds": summary.seconds,
@@ -97,16 +178,23 @@ def markdown(rows: Sequence[dict[str, Any]], records: int, cpu_cost_us: float) -
         "",
         "Throughput = records / (last window final - first record produced); bound = the most "
         "loaded worker's records x C, the least time the run can take; latency from the "
-        "grouping stage's write to the worker's apply.",
+        "grouping stage's write to the worker's apply. Steady rate = records per second the "
+        f"workers processed while a backlog existed, from {STEADY_FROM:.0%} to "
+        f"{STEADY_UNTIL:.0%} of the records (start-up and the last window's close left out); "
+        "its bound is records / (max_w L_w x C), the rate at which the hottest worker is never "
+        "idle.",
         "",
-        "| scheme | throughput (records/s) | x key | x shuffle | seconds | bound (s) "
+        "| scheme | throughput (records/s) | x key | x shuffle | steady rate (records/s) "
+        "| x its bound | seconds | bound (s) "
         "| p50 (ms) | p99 (ms) | max/avg | hottest worker | replication | exact |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['scheme']} | {_fmt(r['throughput'], ',.0f')} | "
             f"{_ratio(r['throughput'], key)} | {_ratio(r['throughput'], shuffle)} | "
+            f"{_fmt(r.get('steady_rate'), ',.0f')} | "
+            f"{_ratio(r.get('steady_rate'), r.get('bound_rate'))} | "
             f"{_fmt(r['seconds'], '.1f')} | {r['bound_seconds']:.1f} | "
             f"{_fmt(r['latency_p50_ms'], ',.0f')} | {_fmt(r['latency_p99_ms'], ',.0f')} | "
             f"{r['max_avg_ratio']:.3f} | {100 * r['hottest_share']:.1f} % | "
@@ -165,16 +253,60 @@ def markdown(rows: Sequence[dict[str, Any]], records: int, cpu_cost_us: float) -
     return "\n".join(lines) + "\n"
 
 
+def latency_markdown(
+    rows: Sequence[dict[str, Any]], cpu_cost_us: float, zero_cost: dict[str, Any] | None
+) -> str:
+    """The latency table at fixed offered loads, and the zero-cost latency at 25 %."""
+    even_bound = WORKERS * 1e6 / cpu_cost_us
+    lines = [
+        f"Latency at fixed offered loads (C = {cpu_cost_us:g} µs; the even-load bound "
+        f"W x 10^6 / C = {even_bound:,.0f} records/s; {LATENCY_SECONDS:g} s of offered load "
+        "per run). p50/p99 over the records applied in the steady state (after "
+        f"{STEADY_FROM:.0%} of them), from the grouping stage's write to the worker's apply.",
+        "",
+        "| scheme | offered load | records/s offered | p50 (ms) | p99 (ms) | max/avg | exact |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['scheme']} | {r['load']:.0%} | {r['rate']:,.0f} | "
+            f"{_fmt(r['steady_p50_ms'], ',.0f')} | {_fmt(r['steady_p99_ms'], ',.0f')} | "
+            f"{r['max_avg_ratio']:.3f} | {'yes' if r['exact'] else 'NO'} |"
+        )
+    by_key = {(r["scheme"], r["load"]): r for r in rows}
+    pkg, key = by_key.get(("pkg", 0.8)), by_key.get(("key", 0.8))
+    if pkg and key and pkg["steady_p99_ms"] and key["steady_p99_ms"]:
+        lines += [
+            "",
+            f"At 80 %: pkg's p99 is {pkg['steady_p99_ms']:,.0f} ms, key's "
+            f"{key['steady_p99_ms']:,.0f} ms: {pkg['steady_p99_ms'] / key['steady_p99_ms']:.3f}x "
+            "(target <= 0.1x, and pkg <= 2 s).",
+        ]
+    if zero_cost:
+        lines += [
+            "",
+            f"Zero cost: the pipeline's capacity (pkg, saturating offer, {ZERO_COST_RECORDS:,} "
+            f"records) is a steady {_fmt(zero_cost['capacity'], ',.0f')} records/s; at 25 % of "
+            f"it ({zero_cost['rate']:,.0f} records/s offered) p50 = "
+            f"{_fmt(zero_cost['steady_p50_ms'], ',.0f')} ms and p99 = "
+            f"{_fmt(zero_cost['steady_p99_ms'], ',.0f')} ms (target: p50 <= 500 ms, "
+            "p99 <= 1.5 s). Exact: " + ("yes." if zero_cost["exact"] else "NO."),
+        ]
+    return "\n".join(lines) + "\n"
+
+
 def run(
     *,
     records: int = RECORDS,
     cpu_cost_us: float = CPU_COST_US,
     schemes: Sequence[str] = LIVE_SCHEMES,
+    latency_loads: Sequence[float] = LATENCY_LOADS,
     log: Callable[[str], None] = lambda _line: None,
 ) -> ExperimentResult:
-    """One pipeline run per scheme (the services must answer), then the table."""
+    """One saturated pipeline run per scheme, then (unless ``latency_loads`` is empty) key,
+    pkg and the best other scheme at each fixed offered load, and pkg's zero-cost capacity
+    and latency at 25 % of it; the services must answer."""
     from pipeline.io import config
-    from pipeline.runs import orchestrator
     from pipeline.runs.plan import RunPlan, new_run_id
 
     settings = config.load()
@@ -186,24 +318,64 @@ def run(
         workload=WORKLOAD,
         cpu_cost_us=cpu_cost_us,
     )
-    rows = []
-    load_average = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    for scheme in schemes:
-        plan = replace(base, scheme=scheme, run_id=f"bench-{new_run_id()[5:]}")
+
+    def measured(plan: RunPlan, label: str) -> dict[str, Any]:
+        plan = replace(plan, run_id=f"bench-{new_run_id()[5:]}")
         plan.validate()
         began = time.monotonic()
-        summary = orchestrator.run_pipeline(plan, settings, timeout=RUN_TIMEOUT)
-        rows.append(row(summary))
+        summary, trace = traced_run(plan, settings)
+        figures = row(summary, trace)
         log(
-            f"{scheme}: {summary.throughput or 0:,.0f} records/s, p99 "
-            f"{summary.latency_p99_ms} ms, max/avg {summary.max_avg_ratio:.3f}, "
+            f"{label}: {summary.throughput or 0:,.0f} records/s, steady "
+            f"{figures['steady_rate'] or 0:,.0f}/s, steady p50/p99 {figures['steady_p50_ms']}/"
+            f"{figures['steady_p99_ms']} ms, max/avg {summary.max_avg_ratio:.3f}, "
             f"exact {summary.exact} ({time.monotonic() - began:.0f} s)"
         )
+        return figures
+
+    load_average = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    rows = [measured(replace(base, scheme=scheme), scheme) for scheme in schemes]
     body = markdown(rows, records, cpu_cost_us)
+    latency_rows: list[dict[str, Any]] = []
+    zero_cost: dict[str, Any] | None = None
+    if latency_loads:
+        others = [r for r in rows if r["scheme"] not in ("key", "pkg") and r["steady_rate"]]
+        best = max(others, key=lambda r: r["steady_rate"])["scheme"] if others else None
+        even_bound = WORKERS * 1e6 / cpu_cost_us
+        for scheme in [s for s in ("key", "pkg", best) if s]:
+            for load in latency_loads:
+                rate = load * even_bound
+                plan = replace(base, scheme=scheme, rate=rate, records=int(rate * LATENCY_SECONDS))
+                figures = measured(plan, f"{scheme} at {load:.0%}")
+                latency_rows.append({**figures, "load": load, "rate": rate})
+        saturated = measured(
+            replace(base, scheme="pkg", records=ZERO_COST_RECORDS, cpu_cost_us=0.0),
+            "pkg at zero cost, saturating",
+        )
+        capacity = saturated["steady_rate"] or saturated["throughput"]
+        rate = 0.25 * capacity
+        quarter = measured(
+            replace(
+                base,
+                scheme="pkg",
+                cpu_cost_us=0.0,
+                rate=rate,
+                records=int(rate * LATENCY_SECONDS),
+            ),
+            "pkg at zero cost, 25 %",
+        )
+        zero_cost = {**quarter, "capacity": capacity, "rate": rate}
+        body += "\n" + latency_markdown(latency_rows, cpu_cost_us, zero_cost)
     body = f"Load average (1, 5, 15 min) when the run started: {load_average}.\n\n" + body
     return ExperimentResult(
         name="end_to_end",
         title="End to end: throughput and latency of every live scheme (Zipf z = 1.2, W = 8)",
         markdown=__doc__.split("\n\n", 1)[1].strip().replace("``", "`") + "\n\n" + body,
-        data={"records": records, "cpu_cost_us": cpu_cost_us, "rows": rows},
+        data={
+            "records": records,
+            "cpu_cost_us": cpu_cost_us,
+            "rows": rows,
+            "latency_rows": latency_rows,
+            "zero_cost": zero_cost,
+        },
     )

@@ -56,6 +56,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="records per micro-batch over all workers (Spark's maxOffsetsPerTrigger)",
     )
+    parser.add_argument(
+        "--tasks",
+        type=int,
+        metavar="T",
+        help="Spark tasks per micro-batch, each holding W/T workers (default: cores, at most W)",
+    )
     add_stage_arguments(parser, scheme_label=True, until_end="stop at END_OF_STREAM")
     parser.add_argument("--verbose", action="store_true", help="a line per micro-batch")
     parser.set_defaults(handler=run)
@@ -95,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         run_id=args.run_id,
         until_end=args.until_end,
         max_records_per_batch=args.max_records_per_batch,
+        tasks=args.tasks,
     )
     try:
         options.validate()

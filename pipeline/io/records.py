@@ -42,6 +42,9 @@ from collections.abc import Sequence
 from enum import IntEnum
 
 import numpy as np
+import pyarrow as pa
+
+from operators.keys import KeyBatch
 
 MAGIC = b"SK"
 VERSION = 1
@@ -75,28 +78,63 @@ WORK_DTYPE = np.dtype([*INPUT_DTYPE.descr, ("source", "<u4"), ("table_version", 
 assert WORK_DTYPE.itemsize == 36
 
 
-def _decode(values: Sequence[bytes | None], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+def binary_column(
+    values: pa.Array | pa.ChunkedArray | Sequence[bytes | None],
+) -> tuple[KeyBatch, np.ndarray]:
+    """A binary column as (its bytes and offsets, mask of non-null rows), without copying.
+
+    ``values`` is an Arrow binary array (a Spark task's column, :mod:`pipeline.stages.
+    worker_job`) or a sequence of ``bytes``/``None`` (a consumed batch), which Arrow's C++
+    converter packs in one pass. A null row's slice is whatever Arrow stored there (usually
+    empty): callers read the mask first.
+
+    Example:
+        >>> column, valid = binary_column([b"ab", None, b"c"])
+        >>> column.to_list(), valid.tolist()
+        ([b'ab', b'', b'c'], [True, False, True])
+    """
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    array = values if isinstance(values, pa.Array) else pa.array(values, pa.binary())
+    if not (pa.types.is_binary(array.type) or pa.types.is_large_binary(array.type)):
+        raise TypeError(f"need a binary column, got {array.type}")
+    _, offsets_buffer, data_buffer = array.buffers()
+    width = np.int64 if pa.types.is_large_binary(array.type) else np.int32
+    window = slice(array.offset, array.offset + len(array) + 1)  # a sliced array's own rows
+    offsets = np.frombuffer(offsets_buffer, dtype=width)[window].astype(np.int64)
+    data = (
+        np.frombuffer(data_buffer, dtype=np.uint8)[offsets[0] : offsets[-1]]
+        if data_buffer is not None and offsets[-1] > offsets[0]
+        else np.zeros(0, dtype=np.uint8)
+    )
+    valid = (
+        np.ones(len(array), dtype=bool)
+        if array.null_count == 0
+        else array.is_valid().to_numpy(zero_copy_only=False)
+    )
+    return KeyBatch(data, offsets - offsets[0]), valid
+
+
+def _decode(
+    values: pa.Array | Sequence[bytes | None], dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray]:
     """Structured array of ``values`` (bad rows zeroed) and a mask of the rows that decoded."""
+    column, valid = binary_column(values)
     size = dtype.itemsize
-    n = len(values)
-    try:  # map(len) runs in C; a None value (Kafka's null) makes it raise
-        lengths = np.fromiter(map(len, values), np.int64, n)  # type: ignore[arg-type]
-    except TypeError:
-        lengths = np.fromiter((len(v) if v is not None else -1 for v in values), np.int64, n)
-    ok = lengths == size
-    if ok.all():  # the usual batch: one join, one copy
-        out = np.frombuffer(b"".join(values), dtype=dtype).copy()  # type: ignore[arg-type]
+    starts = column.offsets[:-1]
+    ok = valid & (np.diff(column.offsets) == size)
+    if ok.all():  # the usual batch: the bytes are the records, back to back
+        out = column.data.view(dtype) if len(column) else np.zeros(0, dtype=dtype)
     else:
-        out = np.zeros(n, dtype=dtype)
-        if ok.any():
-            good = b"".join(v for v, fine in zip(values, ok.tolist(), strict=True) if fine)
-            out[ok] = np.frombuffer(good, dtype=dtype)
+        out = np.zeros(len(column), dtype=dtype)
+        rows = column.data[starts[ok][:, None] + np.arange(size)]
+        out[ok] = rows.reshape(-1).view(dtype)
     ok &= (out["magic"] == MAGIC) & (out["version"] == VERSION)
     ok &= out["kind"] <= max(Kind)
     return out, ok
 
 
-def decode_input(values: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
+def decode_input(values: pa.Array | Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
     """Decode ``keys``-topic values: (records of :data:`INPUT_DTYPE`, mask of valid ones).
 
     Valid kinds are DATA and WATERMARK (a producer's promise that its later records are newer
@@ -107,7 +145,7 @@ def decode_input(values: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray
     return records, ok
 
 
-def decode_work(values: Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
+def decode_work(values: pa.Array | Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
     """Decode ``work``-topic values: (records of :data:`WORK_DTYPE`, mask of valid ones)."""
     return _decode(values, WORK_DTYPE)
 

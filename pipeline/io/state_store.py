@@ -197,6 +197,8 @@ class WorkerBatch:
     latency: Mapping[int, int] = field(default_factory=dict)
     #: Highest routing-table version each source switched to in this batch (TABLE_SWITCH).
     source_versions: Mapping[int, int] = field(default_factory=dict)
+    #: When the worker's emulated server is done with this batch (epoch ms; 0: no CPU cost).
+    busy_until_ms: float = 0.0
 
     def script_args(self, prefix: str, n_sources: int) -> list[bytes | str | int]:
         """ARGV of the apply script (layout in :data:`APPLY_SCRIPT`)."""
@@ -215,12 +217,13 @@ class WorkerBatch:
         args.append(len(self.source_versions))
         for source in sorted(self.source_versions):
             args += (source, int(self.source_versions[source]))
+        args.append(repr(float(self.busy_until_ms)))
         return args
 
 
 #: ARGV: prefix, worker, batch id, S, n_pairs, (window, key, count) * n_pairs, n_marks,
 #: (source, watermark) * n_marks, records, rejected, n_buckets, (bucket, count) * n_buckets,
-#: n_switches, (source, table version) * n_switches.
+#: n_switches, (source, table version) * n_switches, busy-until (ms; 0 = none).
 #: Returns 1 when applied, 0 when the batch was applied before.
 #:
 #: A (window, key) whose key is in ``ctl:pending:{worker}`` (it migrates here and its state has
@@ -295,6 +298,7 @@ for _ = 1, n_switches do
     redis.call('HSET', versions_key, source, version)
   end
 end
+if tonumber(ARGV[i]) > 0 then redis.call('HSET', prefix .. 'busy', worker, ARGV[i]) end
 if held > 0 then
   redis.call('HINCRBY', prefix .. 'stats:held', worker, held)
   local migration = redis.call('HGET', prefix .. 'ctl:current', 'migrating')
@@ -384,6 +388,12 @@ class StateStore:
     def apply(self, batch: WorkerBatch, n_sources: int) -> bool:
         """Apply a worker's micro-batch once: True if applied now, False if applied before."""
         return bool(self._apply(args=batch.script_args(self.keys.prefix, n_sources)))
+
+    def busy_until(self, workers: Sequence[int]) -> dict[int, float]:
+        """When each worker's emulated server finished its last applied batch (epoch ms; 0
+        for none): the CPU-cost knob's memory across micro-batches."""
+        values = self.client.hmget(f"{self.keys.prefix}busy", list(workers)) if workers else []
+        return {w: float(v) if v else 0.0 for w, v in zip(workers, values, strict=True)}
 
     def claim_config(self, **values: int) -> dict[str, tuple[int, int]]:
         """Record the run's settings on first use; return {name: (recorded, given)} that differ
@@ -494,6 +504,17 @@ class StateStore:
         prefix = self.keys.truth(0)[:-1].encode()
         found = self.client.scan_iter(match=prefix + b"*", count=1000)
         return sorted(_window_suffix(key, prefix) for key in found)
+
+    def delete_run(self) -> None:
+        """Delete every Redis key of the run (its prefix), a thousand at a time."""
+        batch: list[bytes] = []
+        for key in self.client.scan_iter(match=f"{self.keys.prefix}*", count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                self.client.delete(*batch)
+                batch = []
+        if batch:
+            self.client.delete(*batch)
 
     def state_keys(self) -> list[bytes]:
         """Every partial-state or held-back key still in Redis (empty once all windows are

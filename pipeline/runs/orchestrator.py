@@ -557,16 +557,7 @@ class Pipeline:
         if not self.prepared:
             return
         kafka_io.delete_topics(self.settings.kafka_bootstrap, self.plan.topics)
-        client = self.store.client
-        pattern = f"{self.store.keys.prefix}*"
-        batch: list[bytes] = []
-        for key in client.scan_iter(match=pattern, count=1000):
-            batch.append(key)
-            if len(batch) >= 1000:
-                client.delete(*batch)
-                batch = []
-        if batch:
-            client.delete(*batch)
+        self.store.delete_run()
         shutil.rmtree(self.plan.checkpoint_dir(self.settings), ignore_errors=True)
         if logs:
             shutil.rmtree(self.log_dir, ignore_errors=True)

@@ -111,6 +111,9 @@ NO_KEY, KEY_TOO_LARGE, UNDECODABLE, WRONG_KIND = range(len(REASONS))
 #: "No watermark yet" for a producer seen only through its DATA records.
 NO_WATERMARK = int(np.iinfo(np.int64).min)
 DEFAULT_BATCH_SIZE = 20_000
+#: Time bound of a batch: at low rates, a transaction commits at least this often
+#: (``bench/results/end_to_end.md`` shows what it adds to latency).
+MAX_BATCH_SECONDS = 0.1
 #: Attempts of one batch whose transaction the broker aborts before the source gives up.
 MAX_BATCH_ATTEMPTS = 3
 
@@ -295,7 +298,9 @@ class StageConfig:
     params: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     batch_size: int = DEFAULT_BATCH_SIZE
-    poll_timeout: float = 0.2
+    #: The longest a batch (one transaction) waits to fill up: a quiet stream still commits
+    #: this often, and read_committed readers see nothing before a commit.
+    poll_timeout: float = MAX_BATCH_SECONDS
     until_end: bool = False
     #: Seconds between two looks at the control plane (routing-table schemes only).
     control_poll: float = 0.1

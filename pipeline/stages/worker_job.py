@@ -6,17 +6,19 @@ The query reads ``work`` with Apache's Kafka source (``kafka.isolation.level=rea
 so records of an aborted grouping-stage transaction are never seen). The source makes one input
 partition per topic partition -- no ``minPartitions``, no ``maxRecordsPerPartition``, no
 repartitioning by a column (Spark's ``repartition(n, col)`` hashes with Murmur3 and would not
-send worker i to partition i; DESIGN.md, "Known pitfalls") -- so in every micro-batch each
-Spark task holds exactly one Kafka partition, i.e. one worker's records. ``foreachBatch`` runs
-:class:`PartitionProcessor` over the batch's partitions with ``mapPartitions``; each task checks
-that its rows all carry one ``partition`` value and that it is < W (else the job fails: a
-worker's state must never mix with another's), then:
+send worker i to partition i; DESIGN.md, "Known pitfalls"). ``foreachBatch`` coalesces them
+into T tasks (``--tasks``; by default one per core, at most W: :func:`default_tasks`), each
+holding whole partitions, and runs :class:`PartitionProcessor` on each with ``mapInArrow``:
+Spark hands the task Arrow record batches, columns of bytes, not pickled rows. The task splits
+its rows by ``partition`` (each must be < W, else the job fails), so worker w's state only ever
+sees partition w's records, and for each worker:
 
-1. decodes the 36-byte values in one ``np.frombuffer`` (:func:`pipeline.io.records.decode_work`);
-   values that do not decode, or DATA without a key, are skipped and counted
-   (``stats:rejected``) -- the grouping stage dead-letters bad input before ``work``, so these
-   only appear if something else writes the topic;
-2. waits ``C`` microseconds per DATA record (the CPU-cost knob, ``--cpu-cost-us``);
+1. decodes the 36-byte values at once from the Arrow buffer
+   (:func:`pipeline.io.records.decode_work`); values that do not decode, or DATA without a
+   key, are skipped and counted (``stats:rejected``) -- the grouping stage dead-letters bad
+   input before ``work``, so these only appear if something else writes the topic;
+2. waits until the worker's emulated server is done with the batch (the CPU-cost knob,
+   ``--cpu-cost-us``; below);
 3. counts per (window, key) (:func:`operators.windows.count_per_window_key`), takes each
    source's highest WATERMARK of the batch, bins each record's end-to-end latency (now minus the
    Kafka timestamp of its ``work`` record, measured after the wait: queueing in Kafka plus
@@ -26,15 +28,19 @@ worker's state must never mix with another's), then:
    Spark logs each batch's offset ranges before running it and re-runs a logged batch with the
    same ranges and id after a restart).
 
-Why the CPU cost is a wait and Spark runs ``local[W]``. The PKG paper's Storm experiment
-emulated load "by adding a fixed delay to the processing", 0.1 to 1 ms per record, so that an
-overloaded worker loses throughput (PKG §V, Q4, Fig. 5a; pkg.md §4.6). Here
-the W workers share a 2-core machine: burning CPU would make W workers compete for 2 cores and
-measure the machine, not the grouping. A sleep of ``C`` µs per record costs no CPU, and with
-``local[max(W, 2)]`` all W tasks of a micro-batch run at once, so each worker behaves like a
-machine of its own that serves ``10^6 / C`` records per second. A micro-batch ends when its
-slowest task ends, so the hottest worker's backlog sets the job's throughput -- exactly the
-effect key skew has on a real cluster.
+Why the CPU cost is a wait, and what it emulates. The PKG paper's Storm experiment emulated load
+"by adding a fixed delay to the processing", 0.1 to 1 ms per record, so that an overloaded
+worker loses throughput (PKG §V, Q4, Fig. 5a; pkg.md §4.6). Here the W workers share a 2-core
+machine: burning CPU would make W workers compete for 2 cores and measure the machine, not the
+grouping. A wait costs no CPU. Each worker is emulated as a server that takes ``C`` µs per
+record, one after another in arrival order (the Kafka timestamp of the ``work`` record),
+continuously, like a Storm bolt: :func:`service_finish_ms` says when it is done with a batch,
+from when it was done with the previous one (``busy`` in Redis, written by the apply). The task
+waits until then, its lightest workers first, so a task holding several workers takes as long
+as the busiest of them, exactly as separate machines would; and Spark's own time between
+micro-batches overlaps the workers' service instead of adding to it. A micro-batch ends when
+its slowest worker is done, so the hottest worker's backlog sets the job's throughput --
+exactly the effect key skew has on a real cluster.
 
 A worker's watermark (``wm:{worker}``) is the minimum over the S grouping sources of the
 latest watermark each sent to that partition (S = ``--sources``, by default the partition
@@ -50,8 +56,8 @@ Example (the pure part of a task):
     >>> values = records.encode_work(inputs, source=0, table_version=0)
     >>> values.append(records.encode_marker(records.Kind.WATERMARK, source=0, time_ms=9_999))
     >>> decoded = decode_partition([b"a", b"a", None], values)
-    >>> batch = to_worker_batch(decoded, [b"a", b"a", None], np.array([0, 0, 0]), worker=2,
-    ...                         batch_id=7, now_ms=3, window_ms=10_000, n_sources=1)
+    >>> batch = to_worker_batch(decoded, np.array([0, 0, 0]), worker=2, batch_id=7, now_ms=3,
+    ...                         window_ms=10_000, n_sources=1)
     >>> batch.windows.tolist(), batch.counts.tolist(), dict(batch.source_watermarks)
     ([0, 10000], [1, 1], {0: 9999})
 """
@@ -59,16 +65,17 @@ Example (the pure part of a task):
 from __future__ import annotations
 
 import contextlib
-import itertools
+import os
 import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+import pyarrow as pa
 
 from operators.keys import KeyBatch
 from operators.windows import count_per_window_key
@@ -97,6 +104,7 @@ class WorkerConfigError(WorkerJobError):
 class DecodedPartition:
     """One worker's rows of one micro-batch, decoded and classified."""
 
+    keys: KeyBatch  # every row's key bytes (empty where the key is null)
     records: np.ndarray  # WORK_DTYPE, zeroed where a value did not decode
     data: np.ndarray  # bool: valid DATA records with a key
     markers: np.ndarray  # bool: valid WATERMARK markers
@@ -111,23 +119,22 @@ class DecodedPartition:
 
 
 def decode_partition(
-    keys: Sequence[bytes | None], values: Sequence[bytes | None]
+    keys: pa.Array | Sequence[bytes | None], values: pa.Array | Sequence[bytes | None]
 ) -> DecodedPartition:
-    """Decode a task's values at once and sort them into DATA, markers and rejects."""
+    """Decode a task's columns at once and sort the rows into DATA, markers and rejects."""
+    key_column, has_key = records.binary_column(keys)
     decoded, ok = records.decode_work(values)
-    has_key = np.fromiter((key is not None for key in keys), dtype=bool, count=len(keys))
     kind = decoded["kind"]
     is_data = ok & (kind == records.Kind.DATA)
     data = is_data & has_key
     markers = ok & (kind == records.Kind.WATERMARK)
     switches = ok & (kind == records.Kind.TABLE_SWITCH)
     rejected = int((~ok).sum() + (is_data & ~has_key).sum())
-    return DecodedPartition(decoded, data, markers, rejected, switches)
+    return DecodedPartition(key_column, decoded, data, markers, rejected, switches)
 
 
 def to_worker_batch(
     decoded: DecodedPartition,
-    keys: Sequence[bytes | None],
     timestamps_ms: np.ndarray,
     *,
     worker: int,
@@ -138,7 +145,7 @@ def to_worker_batch(
 ) -> WorkerBatch:
     """What the worker applies for this batch: counts, watermarks, counters, latencies."""
     data = decoded.data
-    key_batch = KeyBatch.from_bytes(itertools.compress(keys, data.tolist()))
+    key_batch = decoded.keys.take(np.flatnonzero(data))
     event_times = decoded.records["event_time_ms"]
     counted = count_per_window_key(key_batch, records.window_start(event_times[data], window_ms))
 
@@ -185,12 +192,77 @@ def _store(redis_url: str, run_id: str) -> StateStore:
     return store
 
 
+def service_finish_ms(arrivals_ms: np.ndarray, cost_ms: float, busy_until_ms: float) -> float:
+    """When a server that takes ``cost_ms`` per record, one record after another in arrival
+    order, and is busy until ``busy_until_ms``, finishes the records arriving at
+    ``arrivals_ms``.
+
+    This is Lindley's recursion f_n = max(f_{n-1}, t_n) + C with f_{-1} = busy-until, in closed
+    form over the sorted arrivals t_0 <= ... <= t_{N-1}:
+
+        f_{N-1} = max(busy_until, max_k (t_k - k C)) + N C
+
+    It is how the CPU-cost knob emulates a worker that serves records as they arrive (as a
+    Storm bolt does in the PKG paper's experiment), not only while Spark runs its task: Spark's
+    own time between micro-batches overlaps the worker's service, so a worker below its
+    capacity keeps up, and a worker above it falls behind by exactly its excess.
+
+    Example:
+        >>> service_finish_ms(np.array([0.0, 0.0, 10.0]), cost_ms=2.0, busy_until_ms=0.0)
+        12.0
+        >>> service_finish_ms(np.array([0.0, 1.0]), cost_ms=2.0, busy_until_ms=50.0)
+        54.0
+    """
+    n = arrivals_ms.shape[0]
+    if n == 0:
+        return busy_until_ms
+    arrivals = np.sort(np.asarray(arrivals_ms, dtype=np.float64))
+    start = max(busy_until_ms, float(np.max(arrivals - np.arange(n) * cost_ms)))
+    return start + n * cost_ms
+
+
+class TaskSummary(NamedTuple):
+    """What one task (one worker, one micro-batch) did, and where its time went."""
+
+    worker: int
+    batch_id: int
+    records: int
+    applied: bool
+    #: The whole task on the Python side, then its parts: draining Spark's Arrow batches (the
+    #: Kafka fetch and the JVM-to-Python hand-over), decoding, the CPU-cost wait, counting,
+    #: and the Redis apply.
+    seconds: float
+    read_seconds: float
+    decode_seconds: float
+    wait_seconds: float
+    count_seconds: float
+    apply_seconds: float
+
+
+#: :class:`TaskSummary` as the Spark schema of :meth:`PartitionProcessor.__call__`'s output.
+SUMMARY_SCHEMA = (
+    "worker int, batch_id long, records long, applied boolean, seconds double, "
+    "read_seconds double, decode_seconds double, wait_seconds double, count_seconds double, "
+    "apply_seconds double"
+)
+
+#: The columns each task receives, in this order.
+TASK_COLUMNS = ("partition", "key", "value", "timestamp_ms")
+
+
 @dataclass(frozen=True)
 class PartitionProcessor:
-    """The function each Spark task runs on its partition (= one worker) of a micro-batch.
+    """The function each Spark task runs on its share of a micro-batch: one or more whole
+    Kafka partitions, i.e. one or more workers.
 
-    Rows are ``(partition, key, value, timestamp_ms)``. Yields one summary
-    ``(worker, batch_id, records, applied, seconds)`` per non-empty partition.
+    Spark hands the task its rows as Arrow record batches of :data:`TASK_COLUMNS`
+    (``mapInArrow``): columns of bytes, not one pickled Python row per record. The rows are
+    split by partition, so worker w's state only ever sees partition w's records, and each
+    worker's batch is applied on its own, idempotently per (worker, batch id). The CPU-cost
+    wait emulates workers that run side by side: worker w's batch is applied
+    ``records_w * C`` after the task has its rows, the lightest first, so a task holding
+    several workers takes as long as its heaviest one, exactly as separate machines would.
+    Yields one :class:`TaskSummary` row (as an Arrow batch) per worker with records.
     """
 
     batch_id: int
@@ -201,33 +273,133 @@ class PartitionProcessor:
     redis_url: str
     run_id: str
 
-    def __call__(self, rows: Iterable[Any]) -> Iterator[tuple[int, int, int, bool, float]]:
-        started = time.monotonic()
-        columns = list(zip(*rows, strict=True))
-        if not columns:
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        clock = _PhaseClock()
+        arrived = [batch for batch in batches if batch.num_rows]
+        read_seconds = clock.lap()
+        if not arrived:
             return
-        partitions, keys, values, timestamps = columns
-        workers = np.unique(np.asarray(partitions, dtype=np.int64))
-        if workers.size != 1 or not 0 <= int(workers[0]) < self.n_workers:
-            raise WorkerJobError(
-                f"a task got Kafka partitions {workers.tolist()}: each task must hold exactly "
-                f"one partition < W={self.n_workers} (partition w is worker w)"
+        table = pa.Table.from_batches(arrived)
+        shares = [
+            (worker, decode_partition(part.column("key"), part.column("value")), part)
+            for worker, part in self._split_by_worker(table)
+        ]
+        decode_seconds = clock.lap()
+        store = _store(self.redis_url, self.run_id)
+        finishes = self._service_finishes(store, shares)
+        shares.sort(key=lambda share: finishes[share[0]])
+        wait_seconds = count_seconds = apply_seconds = 0.0
+        done: list[tuple[int, int, bool]] = []
+        for worker, decoded, part in shares:
+            time.sleep(max(0.0, finishes[worker] / 1000.0 - time.time()))
+            wait_seconds += clock.lap()
+            timestamps_ms = part.column("timestamp_ms").to_numpy()
+            batch = to_worker_batch(
+                decoded,
+                timestamps_ms,
+                worker=worker,
+                batch_id=self.batch_id,
+                now_ms=time.time() * 1000.0,
+                window_ms=self.window_ms,
+                n_sources=self.n_sources,
             )
-        worker = int(workers[0])
-        decoded = decode_partition(keys, values)
-        time.sleep(decoded.data_records * self.cpu_cost_us / 1e6)
-        batch = to_worker_batch(
-            decoded,
-            keys,
-            np.asarray(timestamps, dtype=np.int64),
-            worker=worker,
-            batch_id=self.batch_id,
-            now_ms=time.time() * 1000.0,
-            window_ms=self.window_ms,
-            n_sources=self.n_sources,
-        )
-        applied = _store(self.redis_url, self.run_id).apply(batch, self.n_sources)
-        yield worker, self.batch_id, batch.records, applied, time.monotonic() - started
+            if self.cpu_cost_us > 0:
+                batch = replace(batch, busy_until_ms=finishes[worker])
+            count_seconds += clock.lap()
+            done.append((worker, batch.records, store.apply(batch, self.n_sources)))
+            apply_seconds += clock.lap()
+        phases = (clock.total(), read_seconds, decode_seconds, wait_seconds, count_seconds)
+        rows = [
+            TaskSummary(worker, self.batch_id, records, applied, *phases, apply_seconds)._asdict()
+            for worker, records, applied in done
+        ]
+        yield pa.RecordBatch.from_pylist(rows, schema=_summary_arrow_schema())
+
+    def _service_finishes(
+        self, store: StateStore, shares: list[tuple[int, DecodedPartition, pa.Table]]
+    ) -> dict[int, float]:
+        """When each worker's emulated server is done with its share (epoch ms): 0 without a
+        CPU cost, else :func:`service_finish_ms` from the worker's last finish."""
+        if self.cpu_cost_us <= 0:
+            return {worker: 0.0 for worker, _, _ in shares}
+        busy = store.busy_until([worker for worker, _, _ in shares])
+        return {
+            worker: service_finish_ms(
+                part.column("timestamp_ms").to_numpy()[decoded.data],
+                self.cpu_cost_us / 1000.0,
+                busy[worker],
+            )
+            for worker, decoded, part in shares
+        }
+
+    def _split_by_worker(self, table: pa.Table) -> Iterator[tuple[int, pa.Table]]:
+        """The task's rows per Kafka partition (= worker), each checked to be < W."""
+        partitions = table.column("partition").combine_chunks().to_numpy()
+        workers = np.unique(partitions)
+        if int(workers[0]) < 0 or int(workers[-1]) >= self.n_workers:
+            raise WorkerJobError(
+                f"a task got Kafka partitions {workers.tolist()}: partition w is worker w, "
+                f"so every partition must be < W={self.n_workers}"
+            )
+        if workers.size == 1:
+            yield int(workers[0]), table.combine_chunks()
+            return
+        order = np.argsort(partitions, kind="stable")
+        ordered = table.take(order).combine_chunks()
+        bounds = np.searchsorted(partitions[order], workers, side="left").tolist()
+        for worker, start, stop in zip(
+            workers.tolist(), bounds, [*bounds[1:], table.num_rows], strict=True
+        ):
+            yield int(worker), ordered.slice(start, stop - start)
+
+
+class _PhaseClock:
+    """Seconds since the last lap, and since the start."""
+
+    def __init__(self) -> None:
+        self.started = self.last = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        seconds, self.last = now - self.last, now
+        return seconds
+
+    def total(self) -> float:
+        return time.perf_counter() - self.started
+
+
+def _summary_arrow_schema() -> pa.Schema:
+    types = {"worker": pa.int32(), "batch_id": pa.int64(), "records": pa.int64()}
+    return pa.schema(
+        (name, types.get(name, pa.bool_() if name == "applied" else pa.float64()))
+        for name in TaskSummary._fields
+    )
+
+
+def _warm_up_task(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Load in this Python worker what every task uses (modules, compiled kernels) by running
+    a task's pure part on a small made-up batch; yields one row."""
+    for _ in batches:
+        pass
+    inputs, _ = records.decode_input(
+        records.encode_input(np.arange(64), np.zeros(64), np.arange(64))
+    )
+    values = records.encode_work(inputs, source=0, table_version=0)
+    decoded = decode_partition([b"%d" % (i % 7) for i in range(64)], values)
+    to_worker_batch(
+        decoded, np.zeros(64), worker=0, batch_id=0, now_ms=0, window_ms=10, n_sources=1
+    ).script_args("warm-up:", 1)
+    yield pa.RecordBatch.from_pydict({"ready": [True]})
+
+
+def warm_up(spark: SparkSession, tasks: int) -> None:
+    """Start ``tasks`` Python workers at once and load them before the first micro-batch.
+
+    Spark keeps idle Python workers for reuse (``spark.python.worker.reuse``), so the tasks of
+    the first real micro-batch find them ready; without this, that batch paid each worker's
+    fork, imports and kernel loading (seconds on 2 cores with W = 8) and its records waited.
+    """
+    spark.range(tasks, numPartitions=tasks).mapInArrow(_warm_up_task, "ready boolean").collect()
 
 
 @dataclass(frozen=True)
@@ -246,6 +418,13 @@ class WorkOptions:
     until_end: bool = False
     #: Spark's ``maxOffsetsPerTrigger``: records per micro-batch over all partitions.
     max_records_per_batch: int | None = None
+    #: Spark tasks per micro-batch, each holding W / tasks whole partitions (workers); by
+    #: default :func:`default_tasks`.
+    tasks: int | None = None
+
+    @property
+    def task_count(self) -> int:
+        return self.tasks if self.tasks is not None else default_tasks(self.workers)
 
     def validate(self) -> None:
         if self.workers < 1:
@@ -258,10 +437,24 @@ class WorkOptions:
             raise WorkerConfigError(f"--cpu-cost-us must be >= 0, got {self.cpu_cost_us}")
         if self.max_records_per_batch is not None and self.max_records_per_batch < 1:
             raise WorkerConfigError("--max-records-per-batch must be >= 1")
+        if self.tasks is not None and not 1 <= self.tasks <= self.workers:
+            raise WorkerConfigError(f"--tasks must be in 1..W={self.workers}, got {self.tasks}")
+
+
+def default_tasks(workers: int) -> int:
+    """Tasks per micro-batch by default: one per core of this machine, at most W.
+
+    Each Python task costs a fixed slice of CPU per micro-batch (its worker process's share of
+    the hand-over; about 60 ms on the 2-core machine of ``bench/results/worker_stage.md``), so
+    W = 8 tasks on 2 cores spent half a second of every micro-batch queueing for a core. The
+    CPU-cost knob does not need a task per worker: a task emulates its workers side by side
+    (:class:`PartitionProcessor`).
+    """
+    return max(1, min(workers, os.cpu_count() or 1))
 
 
 #: Called on the driver after each micro-batch with the tasks' summaries.
-BatchCallback = Callable[[int, list[tuple[int, int, int, bool, float]]], None]
+BatchCallback = Callable[[int, list[TaskSummary]], None]
 
 
 @dataclass
@@ -272,6 +465,9 @@ class WorkSummary:
     batches: int = 0
     processed: list[int] = field(default_factory=list)
     finished: bool = False
+    #: Spark's own account of the last micro-batches (``StreamingQueryProgress.durationMs``:
+    #: offsets, planning, the batch itself, the write-ahead and commit logs), per batch.
+    progress: list[dict[str, int]] = field(default_factory=list)
 
 
 def checkpoint_is_fresh(checkpoint: Path) -> bool:
@@ -327,7 +523,9 @@ def start_query(
             redis_url=options.redis_url,
             run_id=options.run_id,
         )
-        on_batch(batch_id, frame.rdd.mapPartitions(processor).collect())
+        tasks = frame.select(*TASK_COLUMNS).coalesce(options.task_count)
+        rows = tasks.mapInArrow(processor, SUMMARY_SCHEMA).collect()
+        on_batch(batch_id, [TaskSummary(*row) for row in rows])
 
     return (
         stream.writeStream.queryName(f"skewer-work-{options.run_id}")
@@ -369,7 +567,7 @@ def run(
     if spark is None:
         from pipeline.io.spark_session import build_spark_session
 
-        slots = max(options.workers, 2)
+        slots = max(options.task_count, 2)
         spark = build_spark_session(
             f"skewer-work-{options.run_id}",
             master=f"local[{slots},{TASK_ATTEMPTS}]",
@@ -377,11 +575,12 @@ def run(
         )
     summary = WorkSummary()
 
-    def count_batch(batch_id: int, summaries: list[tuple[int, int, int, bool, float]]) -> None:
+    def count_batch(batch_id: int, summaries: list[TaskSummary]) -> None:
         summary.batches += 1
         if on_batch is not None:
             on_batch(batch_id, summaries)
 
+    warm_up(spark, options.task_count)
     started = time.monotonic()
     query = start_query(spark, options, count_batch)
     try:
@@ -400,6 +599,10 @@ def run(
         if error is not None:
             raise WorkerJobError(f"the streaming query failed: {failure_reason(error)}")
         summary.processed = store.processed_per_worker(options.workers).tolist()
+        summary.progress = [
+            {"batch": p["batchId"], "rows": p["numInputRows"], **p["durationMs"]}
+            for p in query.recentProgress
+        ]
     finally:
         query.stop()
         if own_session:
@@ -409,13 +612,20 @@ def run(
     return summary
 
 
-def log_batch(batch_id: int, summaries: list[tuple[int, int, int, bool, float]]) -> None:
+def log_batch(batch_id: int, summaries: list[TaskSummary]) -> None:
     """A progress line per micro-batch on standard error (``skewer work --verbose``)."""
-    loads = {worker: count for worker, _, count, _, _ in summaries}
-    skipped = sum(1 for *_, applied, _ in summaries if not applied)
-    slowest = max((seconds for *_, seconds in summaries), default=0.0)
+    loads = {task.worker: task.records for task in summaries}
+    skipped = sum(1 for task in summaries if not task.applied)
+    slowest = max(summaries, key=lambda task: task.seconds, default=None)
+    parts = (
+        ""
+        if slowest is None
+        else f", slowest task {slowest.seconds:.3f} s (read {slowest.read_seconds:.3f}, "
+        f"decode {slowest.decode_seconds:.3f}, wait {slowest.wait_seconds:.3f}, "
+        f"count {slowest.count_seconds:.3f}, apply {slowest.apply_seconds:.3f})"
+    )
     print(
-        f"batch {batch_id}: records per worker {dict(sorted(loads.items()))}, "
-        f"slowest task {slowest:.2f} s" + (f", {skipped} replayed (skipped)" if skipped else ""),
+        f"batch {batch_id}: records per worker {dict(sorted(loads.items()))}{parts}"
+        + (f", {skipped} replayed (skipped)" if skipped else ""),
         file=sys.stderr,
     )

@@ -366,13 +366,29 @@ def test_benchmark_table_ratios_and_verdicts() -> None:
         100_000,
         1_000,
     )
-    assert "| pkg | 4,000 | 2.00 | 0.80 | 25.0 | 14.2 | 5,000 | 10,000 | 1.136 | 14.2 % |" in text
+    row = "| pkg | 4,000 | 2.00 | 0.80 | - | - | 25.0 | 14.2 | 5,000 | 10,000 | 1.136 | 14.2 % |"
+    assert row in text
     assert "- pkg >= 1.6x key throughput: 2.00x -- met." in text
     assert "- pkg >= 0.9x shuffle throughput: 0.80x -- missed." in text
     assert "10,000 ms vs 40,000 ms (0.25x)" in text
     assert "at least 5.0x what the 8 workers can serve together (8,000 records/s)" in text
     # 31 % / 14.2 % and 12.5 % / 14.2 %: the bounds the hottest workers set.
     assert "at most 2.18x key and 0.88x shuffle for pkg" in text
+
+
+def test_steady_state_leaves_out_start_and_tail() -> None:
+    """The steady rate is the slope while a backlog exists between 20 % and 90 % of the
+    records; the steady latency is the histogram of what was applied after 20 %."""
+    from bench.end_to_end import Trace
+
+    trace = Trace(
+        samples=[(1.0, 0, 0), (2.0, 500, 100), (3.0, 900, 300), (5.0, 1000, 700), (6.0, 1000, 950)],
+        latency_at_steady={10: 5, 20: 1},
+        latency_at_end={10: 5, 20: 9, 30: 2},
+    )
+    assert trace.steady_rate(1_000) == (700 - 300) / (5.0 - 3.0)
+    assert trace.steady_latency() == {20: 8, 30: 2}
+    assert Trace(samples=[(1.0, 10, 5)]).steady_rate(10) is None
 
 
 def test_the_benchmark_stream_facts_that_explain_pkg() -> None:

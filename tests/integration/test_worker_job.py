@@ -179,9 +179,18 @@ def run_names(kafka: str, create_topic: Callable[[str, int], str]) -> kafka_io.R
     return names
 
 
+@pytest.mark.parametrize("tasks", [1, WORKERS], ids=["all-workers-in-one-task", "task-per-worker"])
 def test_workers_and_aggregator_count_exactly(
-    spark, kafka: str, redis, redis_url: str, run_names: kafka_io.RunNames, tmp_path: Path
+    spark,
+    kafka: str,
+    redis,
+    redis_url: str,
+    run_names: kafka_io.RunNames,
+    tmp_path: Path,
+    tasks: int,
 ) -> None:
+    """Spark's Arrow batches reach the workers whole and each worker's state sees only its own
+    partition, whether one task holds every worker or each worker has a task."""
     written = write_work(kafka, run_names.work_topic, records_per_source=6_000)
     options = WorkOptions(
         workers=WORKERS,
@@ -194,6 +203,7 @@ def test_workers_and_aggregator_count_exactly(
         run_id=run_names.run_id,
         until_end=True,
         max_records_per_batch=4_000,
+        tasks=tasks,
     )
     tasks_per_batch: list[list[int]] = []
     summary = run_worker_job(
@@ -201,7 +211,7 @@ def test_workers_and_aggregator_count_exactly(
     )
     assert summary.finished
     assert summary.processed == written.per_worker
-    # One task per worker per micro-batch, never two tasks on one partition.
+    # One summary per worker per micro-batch: never two tasks on one partition.
     assert tasks_per_batch and all(len(set(t)) == len(t) for t in tasks_per_batch)
     assert len(tasks_per_batch) >= 3  # 12,000 records at <= 4,000 per batch
 

@@ -140,7 +140,6 @@ def test_a_worker_batch_carries_each_sources_newest_table_switch() -> None:
     assert decoded.rejected == 0 and decoded.data_records == 2
     batch = to_worker_batch(
         decoded,
-        keys,
         np.zeros(5, dtype=np.int64),
         worker=0,
         batch_id=1,

@@ -28,6 +28,7 @@ from pipeline.stages.worker_job import (
     WorkOptions,
     checkpoint_is_fresh,
     decode_partition,
+    service_finish_ms,
     to_worker_batch,
 )
 
@@ -112,6 +113,7 @@ def test_script_args_layout() -> None:
         5, 2,
         2, 2, 2, 7, 3,
         1, 1, 4,
+        "0.0",
     ]  # fmt: skip
 
 
@@ -164,7 +166,7 @@ def test_worker_batch_by_hand() -> None:
     timestamps = np.array([1_000, 1_000, 995, 990, 900, 0, 0, 0])
     decoded = decode_partition(keys, values)
     batch = to_worker_batch(
-        decoded, keys, timestamps, worker=1, batch_id=4, now_ms=1_010, window_ms=10_000,
+        decoded, timestamps, worker=1, batch_id=4, now_ms=1_010, window_ms=10_000,
         n_sources=2,
     )  # fmt: skip
     triples = sorted(
@@ -182,7 +184,7 @@ def test_watermark_of_an_unknown_source_fails_loudly() -> None:
     decoded = decode_partition([None], values)
     with pytest.raises(WorkerJobError, match=r"source 2\b.*2 source"):
         to_worker_batch(
-            decoded, [None], np.zeros(1), worker=0, batch_id=0, now_ms=0, window_ms=10,
+            decoded, np.zeros(1), worker=0, batch_id=0, now_ms=0, window_ms=10,
             n_sources=2,
         )  # fmt: skip
 
@@ -272,3 +274,15 @@ def test_failure_reason_finds_the_cause_in_sparks_wrapping() -> None:
     assert failure_reason(Exception(other)) == "ConnectionError: refused"
     assert failure_reason(Exception("just this\nand that")) == "just this"
     assert failure_reason(KeyError()) == "KeyError"
+
+
+def test_service_finish_is_lindleys_recursion() -> None:
+    """The closed form equals serving the records one by one from the last finish."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        arrivals = np.sort(rng.uniform(0, 100, size=rng.integers(0, 40)))
+        cost, busy = float(rng.uniform(0.1, 5)), float(rng.choice([0.0, rng.uniform(0, 150)]))
+        finish = busy
+        for arrival in arrivals:
+            finish = max(finish, arrival) + cost
+        assert service_finish_ms(arrivals, cost, busy) == pytest.approx(finish)

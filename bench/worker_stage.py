@@ -1,0 +1,334 @@
+"""The worker stage against what a Spark user would write instead, in one run on one topic.
+
+``skewer bench worker`` writes ``bench/results/worker_stage.md`` (and ``.json``), headed by
+the command and the machine. Needs a running broker and Redis (``skewer services up``).
+
+What is compared. One ``work`` topic of W = 8 partitions is filled once with ``--records``
+records of ``zipf:z=1.2,keys=100000`` routed by PKG (DATA values in skewer's 36-byte format,
+event times spread over 60 s, so 6 windows of 10 s), followed by END_OF_STREAM on every
+partition. One warm SparkSession (``local[T]``, T = the worker job's default task count) then
+reads the whole topic, from the first offset to the last, with:
+
+- **Spark**: Structured Streaming ``groupBy(window(event_time, "10 seconds"), key).count()``,
+  the event time decoded from the value in Spark SQL (bytes 5-12, little-endian), DATA records
+  only, Spark's own state store, ``trigger(availableNow=True)``, update mode, ``noop`` sink;
+- **skewer**: :func:`pipeline.stages.worker_job.run` with ``until_end``, zero CPU cost, a
+  fresh run id and checkpoint each time: the same job ``skewer work`` runs, state in Redis.
+
+Each query first runs once to warm the session (JIT-compiled kernels, Python workers, Kafka
+consumers); then ``--rounds`` pairs, the order alternating from one pair to the next, and each
+ratio divides skewer's rate by its own pair's Spark rate. Rate = records / wall time from the
+query's start to its end. After every skewer run, every (window, key) count in Redis (summed
+over the workers' partial state) must equal the count computed from the records written.
+
+Where skewer's time goes comes from two sources: each Spark task's own clock
+(:class:`pipeline.stages.worker_job.TaskSummary`: reading Spark's Arrow batches, decoding,
+counting, the Redis apply) and Spark's progress reports of the same query
+(``StreamingQueryProgress.durationMs``: offsets, planning, the batch, the logs).
+
+Example (the table is plain markdown):
+    >>> print(table([{"round": 1, "spark": 2e5, "skewer": 2.2e5, "exact": True}]))
+    | round | Spark groupBy().count() records/s | skewer records/s | skewer / Spark | exact |
+    |---|---:|---:|---:|---|
+    | 1 | 200,000 | 220,000 | 1.10 | yes |
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bench.experiment import ExperimentResult
+from operators import registry
+from operators.windows import count_per_window_key
+from pipeline.io import config, kafka_io, records
+from pipeline.io.state_store import StateStore
+from pipeline.stages import worker_job
+from producers import workloads
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+WORKERS = 8
+WINDOW_MS = 10_000
+#: Event times of the records spread evenly over this span (6 windows of 10 s).
+EVENT_SPAN_MS = 60_000
+EVENT_START_MS = 1_700_000_000_000
+WORKLOAD = "zipf:z=1.2,keys=100000,seed=0"
+TARGET_RATIO = 1.0
+
+
+class Prefilled:
+    """The topic's content, kept to check the counts: per (window, key), records written."""
+
+    def __init__(self, topic: str, records_written: int, expected: dict[tuple[int, bytes], int]):
+        self.topic = topic
+        self.records = records_written
+        self.expected = expected
+
+
+def prefill(bootstrap: str, topic: str, n: int) -> Prefilled:
+    """Write ``n`` PKG-routed DATA records and END_OF_STREAM on every partition of ``topic``."""
+    from confluent_kafka import Producer
+
+    keys = workloads.parse(f"{WORKLOAD},n={n}").keys()
+    destinations = registry.create("pkg", WORKERS).route(keys)
+    inputs = np.zeros(n, dtype=records.INPUT_DTYPE)
+    inputs["magic"] = records.MAGIC
+    inputs["version"] = records.VERSION
+    inputs["event_time_ms"] = EVENT_START_MS + np.arange(n) * EVENT_SPAN_MS // n
+    inputs["seq"] = np.arange(n)
+    values = records.encode_work(inputs, source=0, table_version=0)
+    kafka_io.ensure_topic(bootstrap, topic, WORKERS)
+    producer = Producer(kafka_io.producer_config(bootstrap))
+    for key, value, worker in zip(keys.to_list(), values, destinations.tolist(), strict=True):
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key, partition=worker)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush()
+    end = records.encode_marker(records.Kind.WATERMARK, source=0, time_ms=records.END_OF_STREAM)
+    for worker in range(WORKERS):
+        producer.produce(topic, value=end, key=b"", partition=worker)
+    producer.flush()
+    counted = count_per_window_key(keys, records.window_start(inputs["event_time_ms"], WINDOW_MS))
+    expected = dict(
+        zip(
+            zip(counted.windows.tolist(), counted.keys.to_list(), strict=True),
+            counted.counts.tolist(),
+            strict=True,
+        )
+    )
+    return Prefilled(topic, n, expected)
+
+
+def spark_group_by_count(spark: SparkSession, bootstrap: str, topic: str) -> float:
+    """Seconds Spark's own windowed count takes over the whole topic (availableNow)."""
+    from pyspark.sql import functions
+
+    frame = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("kafka.isolation.level", "read_committed")
+        .load()
+    )
+    # The value's bytes 5-12 are the event time, little-endian: hex, byte order reversed.
+    hex_time = functions.hex(functions.substring("value", 5, 8))
+    big_endian = functions.concat(*(functions.substring(hex_time, 15 - 2 * i, 2) for i in range(8)))
+    event_time = functions.timestamp_millis(functions.conv(big_endian, 16, 10).cast("long"))
+    counts = (
+        frame.where(functions.substring("value", 4, 1) == functions.lit(bytes([records.Kind.DATA])))
+        .select(event_time.alias("event_time"), "key")
+        .groupBy(functions.window("event_time", f"{WINDOW_MS // 1000} seconds"), "key")
+        .count()
+    )
+    began = time.perf_counter()
+    query = (
+        counts.writeStream.format("noop")
+        .outputMode("update")
+        .option("checkpointLocation", tempfile.mkdtemp(prefix="skewer-bench-spark-"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return time.perf_counter() - began
+
+
+class SkewerRun:
+    """One run of the worker job over the whole topic: seconds, tasks, Spark's progress."""
+
+    def __init__(self, seconds: float, tasks: list[worker_job.TaskSummary], progress: list):
+        self.seconds = seconds
+        self.tasks = tasks
+        self.progress = progress
+
+
+def skewer_job(spark: SparkSession, settings: config.Settings, topic: str) -> tuple[SkewerRun, str]:
+    """Run ``worker_job.run`` over the whole topic; returns the run and its run id."""
+    run_id = f"bench-worker-{uuid.uuid4().hex[:8]}"
+    tasks: list[worker_job.TaskSummary] = []
+    options = worker_job.WorkOptions(
+        workers=WORKERS,
+        sources=1,
+        kafka_bootstrap=settings.kafka_bootstrap,
+        redis_url=settings.redis_url,
+        checkpoint=Path(tempfile.mkdtemp(prefix="skewer-bench-work-")) / "checkpoint",
+        work_topic=topic,
+        window_ms=WINDOW_MS,
+        run_id=run_id,
+        until_end=True,
+    )
+    began = time.perf_counter()
+    summary = worker_job.run(
+        options, spark, on_batch=lambda _, rows: tasks.extend(rows), poll_seconds=0.02
+    )
+    seconds = time.perf_counter() - began
+    return SkewerRun(seconds, tasks, summary.progress), run_id
+
+
+def counts_exact(settings: config.Settings, run_id: str, prefilled: Prefilled) -> bool:
+    """Every (window, key) count of the run's worker state equals what was written."""
+    store = StateStore.from_url(settings.redis_url, run_id)
+    try:
+        merged: dict[tuple[int, bytes], int] = {}
+        for window in sorted({window for window, _ in prefilled.expected}):
+            for worker in range(WORKERS):
+                for key, count in store.partial(worker, window).items():
+                    merged[(window, key)] = merged.get((window, key), 0) + count
+        return merged == prefilled.expected
+    finally:
+        store.delete_run()
+        store.client.close()
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| round | Spark groupBy().count() records/s | skewer records/s | skewer / Spark | exact |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['round']} | {row['spark']:,.0f} | {row['skewer']:,.0f} | "
+            f"{row['skewer'] / row['spark']:.2f} | {'yes' if row['exact'] else 'NO'} |"
+        )
+    return "\n".join(lines)
+
+
+def profile_table(run: SkewerRun) -> str:
+    """Where one skewer run's time went: tasks' own clocks, then Spark's progress reports."""
+    phases = ["read_seconds", "decode_seconds", "count_seconds", "apply_seconds", "seconds"]
+    names = {
+        "read_seconds": "read Spark's Arrow batches (Kafka fetch, JVM-to-Python hand-over)",
+        "decode_seconds": "decode and split by worker",
+        "count_seconds": "count per (window, key), watermarks, latencies",
+        "apply_seconds": "Redis apply (one script per worker and batch)",
+        "seconds": "the whole task, Python side",
+    }
+    # A task reports once per worker it holds; its clocks are the task's, so count them once.
+    tasks = {(t.batch_id, t.seconds, t.read_seconds): t for t in run.tasks}.values()
+    lines = ["| part of the tasks | seconds, summed over tasks |", "|---|---:|"]
+    for phase in phases:
+        lines.append(f"| {names[phase]} | {sum(getattr(t, phase) for t in tasks):.2f} |")
+    spark_parts = ["latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets"]
+    labels = {
+        "latestOffset": "latest offsets from Kafka",
+        "queryPlanning": "query planning",
+        "walCommit": "offset log (write-ahead)",
+        "addBatch": "the batch itself (tasks, scheduling, the driver's callback)",
+        "commitOffsets": "commit log",
+    }
+    lines += ["", "| part of the micro-batches (Spark's progress) | ms, summed over batches |"]
+    lines.append("|---|---:|")
+    for part in spark_parts:
+        lines.append(f"| {labels[part]} | {sum(p.get(part, 0) for p in run.progress):,} |")
+    total = sum(p.get("triggerExecution", 0) for p in run.progress)
+    lines.append(f"| all of it (triggerExecution) | {total:,} |")
+    lines.append("")
+    lines.append(
+        f"{len(run.progress)} micro-batch(es), {len(tasks)} task(s); wall time of the run "
+        f"{run.seconds:.2f} s (includes warming the Python workers and starting the query)."
+    )
+    return "\n".join(lines)
+
+
+def run(
+    *,
+    records_count: int = 1_000_000,
+    rounds: int = 3,
+    log: Callable[[str], None] = lambda _line: None,
+) -> ExperimentResult:
+    """Prefill, warm up, then ``rounds`` alternating pairs; the services must answer."""
+    from pipeline.io.spark_session import build_spark_session
+
+    settings = config.load()
+    kafka_io.require_kafka(settings.kafka_bootstrap)
+    topic = f"bench-worker-{uuid.uuid4().hex[:8]}-work"
+    tasks = worker_job.default_tasks(WORKERS)
+    spark = build_spark_session(
+        "skewer-bench-worker",
+        master=f"local[{max(tasks, 2)},{worker_job.TASK_ATTEMPTS}]",
+        shuffle_partitions=max(tasks, 2),
+    )
+    try:
+        began = time.perf_counter()
+        prefilled = prefill(settings.kafka_bootstrap, topic, records_count)
+        log(f"prefilled {records_count:,} records in {time.perf_counter() - began:.1f} s")
+        warm_spark = spark_group_by_count(spark, settings.kafka_bootstrap, topic)
+        warm_run, warm_id = skewer_job(spark, settings, topic)
+        warm_exact = counts_exact(settings, warm_id, prefilled)
+        log(f"warm-up: Spark {warm_spark:.1f} s, skewer {warm_run.seconds:.1f} s")
+        rows = []
+        profiled = warm_run
+        for index in range(rounds):
+            order = ["spark", "skewer"] if index % 2 == 0 else ["skewer", "spark"]
+            row: dict[str, Any] = {"round": index + 1}
+            for which in order:
+                if which == "spark":
+                    row["spark"] = records_count / spark_group_by_count(
+                        spark, settings.kafka_bootstrap, topic
+                    )
+                else:
+                    measured, run_id = skewer_job(spark, settings, topic)
+                    row["skewer"] = records_count / measured.seconds
+                    row["exact"] = counts_exact(settings, run_id, prefilled)
+                    profiled = measured
+            rows.append(row)
+            log(
+                f"round {index + 1}: Spark {row['spark']:,.0f}/s, skewer {row['skewer']:,.0f}/s, "
+                f"exact {row['exact']}"
+            )
+    finally:
+        spark.stop()
+        kafka_io.delete_topics(settings.kafka_bootstrap, [topic])
+    ratios = [row["skewer"] / row["spark"] for row in rows]
+    median = statistics.median(ratios)
+    exact = warm_exact and all(row["exact"] for row in rows)
+    body = [
+        f"{records_count:,} records of `{WORKLOAD}` routed by PKG into W = {WORKERS} partitions; "
+        f"one SparkSession `local[{max(tasks, 2)}]`; the worker job runs T = {tasks} task(s) per "
+        "micro-batch, each holding W / T workers.",
+        "",
+        table(rows),
+        "",
+        f"Median ratio {median:.2f} (target >= {TARGET_RATIO:.1f}: "
+        f"{'met' if median >= TARGET_RATIO else 'NOT met'}); every count exact: "
+        f"{'yes' if exact else 'NO'}.",
+        "",
+        "Where the last skewer run's time went:",
+        "",
+        profile_table(profiled),
+    ]
+    return ExperimentResult(
+        name="worker_stage",
+        title="Worker stage at zero cost: skewer's job against Spark's own windowed count",
+        markdown=re.sub(r":\w+:`", "`", __doc__.split("\n\n", 1)[1].split("\nExample")[0])
+        .strip()
+        .replace("``", "`")
+        + "\n\n"
+        + "\n".join(body)
+        + "\n",
+        data={
+            "records": records_count,
+            "workers": WORKERS,
+            "tasks": tasks,
+            "rows": rows,
+            "median_ratio": median,
+            "exact": exact,
+            "profile": {
+                "tasks": [t._asdict() for t in profiled.tasks],
+                "progress": profiled.progress,
+            },
+        },
+    )
