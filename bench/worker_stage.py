@@ -41,6 +41,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,16 +67,11 @@ WORKLOAD = "zipf:z=1.2,keys=100000,seed=0"
 TARGET_RATIO = 1.0
 
 
-class Prefilled:
-    """The topic's content, kept to check the counts: per (window, key), records written."""
-
-    def __init__(self, topic: str, records_written: int, expected: dict[tuple[int, bytes], int]):
-        self.topic = topic
-        self.records = records_written
-        self.expected = expected
+#: Records written per (window start, key): what every run's counts must equal.
+Expected = dict[tuple[int, bytes], int]
 
 
-def prefill(bootstrap: str, topic: str, n: int) -> Prefilled:
+def prefill(bootstrap: str, topic: str, n: int) -> Expected:
     """Write ``n`` PKG-routed DATA records and END_OF_STREAM on every partition of ``topic``."""
     from confluent_kafka import Producer
 
@@ -90,26 +86,19 @@ def prefill(bootstrap: str, topic: str, n: int) -> Prefilled:
     kafka_io.ensure_topic(bootstrap, topic, WORKERS)
     producer = Producer(kafka_io.producer_config(bootstrap))
     for key, value, worker in zip(keys.to_list(), values, destinations.tolist(), strict=True):
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key, partition=worker)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    producer.flush()
+        kafka_io.produce_blocking(producer, topic, value, key, worker)
     end = records.encode_marker(records.Kind.WATERMARK, source=0, time_ms=records.END_OF_STREAM)
     for worker in range(WORKERS):
-        producer.produce(topic, value=end, key=b"", partition=worker)
+        kafka_io.produce_blocking(producer, topic, end, b"", worker)
     producer.flush()
     counted = count_per_window_key(keys, records.window_start(inputs["event_time_ms"], WINDOW_MS))
-    expected = dict(
+    return dict(
         zip(
             zip(counted.windows.tolist(), counted.keys.to_list(), strict=True),
             counted.counts.tolist(),
             strict=True,
         )
     )
-    return Prefilled(topic, n, expected)
 
 
 def spark_group_by_count(spark: SparkSession, bootstrap: str, topic: str) -> float:
@@ -146,17 +135,22 @@ def spark_group_by_count(spark: SparkSession, bootstrap: str, topic: str) -> flo
     return time.perf_counter() - began
 
 
+@dataclass
 class SkewerRun:
-    """One run of the worker job over the whole topic: seconds, tasks, Spark's progress."""
+    """One run of the worker job over the whole topic, checked against what was written."""
 
-    def __init__(self, seconds: float, tasks: list[worker_job.TaskSummary], progress: list):
-        self.seconds = seconds
-        self.tasks = tasks
-        self.progress = progress
+    seconds: float
+    tasks: list[worker_job.TaskSummary]
+    #: Spark's progress reports of the run (``WorkSummary.progress``).
+    progress: list[dict[str, int]]
+    exact: bool
 
 
-def skewer_job(spark: SparkSession, settings: config.Settings, topic: str) -> tuple[SkewerRun, str]:
-    """Run ``worker_job.run`` over the whole topic; returns the run and its run id."""
+def skewer_job(
+    spark: SparkSession, settings: config.Settings, topic: str, expected: Expected
+) -> SkewerRun:
+    """Run ``worker_job.run`` over the whole topic under a fresh run id, check its counts,
+    then delete the run's Redis keys."""
     run_id = f"bench-worker-{uuid.uuid4().hex[:8]}"
     tasks: list[worker_job.TaskSummary] = []
     options = worker_job.WorkOptions(
@@ -175,22 +169,24 @@ def skewer_job(spark: SparkSession, settings: config.Settings, topic: str) -> tu
         options, spark, on_batch=lambda _, rows: tasks.extend(rows), poll_seconds=0.02
     )
     seconds = time.perf_counter() - began
-    return SkewerRun(seconds, tasks, summary.progress), run_id
-
-
-def counts_exact(settings: config.Settings, run_id: str, prefilled: Prefilled) -> bool:
-    """Every (window, key) count of the run's worker state equals what was written."""
     store = StateStore.from_url(settings.redis_url, run_id)
     try:
-        merged: dict[tuple[int, bytes], int] = {}
-        for window in sorted({window for window, _ in prefilled.expected}):
-            for worker in range(WORKERS):
-                for key, count in store.partial(worker, window).items():
-                    merged[(window, key)] = merged.get((window, key), 0) + count
-        return merged == prefilled.expected
-    finally:
+        exact = counts_exact(store, expected)
         store.delete_run()
+    finally:
         store.client.close()
+    return SkewerRun(seconds, tasks, summary.progress, exact)
+
+
+def counts_exact(store: StateStore, expected: Expected) -> bool:
+    """Every (window, key) count of the run's worker state, summed over the workers' partial
+    state, equals what was written."""
+    merged: Expected = {}
+    for window in sorted({window for window, _ in expected}):
+        for worker in range(WORKERS):
+            for key, count in store.partial(worker, window).items():
+                merged[(window, key)] = merged.get((window, key), 0) + count
+    return merged == expected
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -208,8 +204,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def profile_table(run: SkewerRun) -> str:
     """Where one skewer run's time went: tasks' own clocks, then Spark's progress reports."""
-    phases = ["read_seconds", "decode_seconds", "count_seconds", "apply_seconds", "seconds"]
-    names = {
+    task_parts = {
         "read_seconds": "read Spark's Arrow batches (Kafka fetch, JVM-to-Python hand-over)",
         "decode_seconds": "decode and split by worker",
         "count_seconds": "count per (window, key), watermarks, latencies",
@@ -219,10 +214,9 @@ def profile_table(run: SkewerRun) -> str:
     # A task reports once per worker it holds; its clocks are the task's, so count them once.
     tasks = {(t.batch_id, t.seconds, t.read_seconds): t for t in run.tasks}.values()
     lines = ["| part of the tasks | seconds, summed over tasks |", "|---|---:|"]
-    for phase in phases:
-        lines.append(f"| {names[phase]} | {sum(getattr(t, phase) for t in tasks):.2f} |")
-    spark_parts = ["latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets"]
-    labels = {
+    for phase, label in task_parts.items():
+        lines.append(f"| {label} | {sum(getattr(t, phase) for t in tasks):.2f} |")
+    spark_parts = {
         "latestOffset": "latest offsets from Kafka",
         "queryPlanning": "query planning",
         "walCommit": "offset log (write-ahead)",
@@ -231,8 +225,8 @@ def profile_table(run: SkewerRun) -> str:
     }
     lines += ["", "| part of the micro-batches (Spark's progress) | ms, summed over batches |"]
     lines.append("|---|---:|")
-    for part in spark_parts:
-        lines.append(f"| {labels[part]} | {sum(p.get(part, 0) for p in run.progress):,} |")
+    for part, label in spark_parts.items():
+        lines.append(f"| {label} | {sum(p.get(part, 0) for p in run.progress):,} |")
     total = sum(p.get("triggerExecution", 0) for p in run.progress)
     lines.append(f"| all of it (triggerExecution) | {total:,} |")
     lines.append("")
@@ -263,11 +257,10 @@ def run(
     )
     try:
         began = time.perf_counter()
-        prefilled = prefill(settings.kafka_bootstrap, topic, records_count)
+        expected = prefill(settings.kafka_bootstrap, topic, records_count)
         log(f"prefilled {records_count:,} records in {time.perf_counter() - began:.1f} s")
         warm_spark = spark_group_by_count(spark, settings.kafka_bootstrap, topic)
-        warm_run, warm_id = skewer_job(spark, settings, topic)
-        warm_exact = counts_exact(settings, warm_id, prefilled)
+        warm_run = skewer_job(spark, settings, topic, expected)
         log(f"warm-up: Spark {warm_spark:.1f} s, skewer {warm_run.seconds:.1f} s")
         rows = []
         profiled = warm_run
@@ -280,10 +273,9 @@ def run(
                         spark, settings.kafka_bootstrap, topic
                     )
                 else:
-                    measured, run_id = skewer_job(spark, settings, topic)
-                    row["skewer"] = records_count / measured.seconds
-                    row["exact"] = counts_exact(settings, run_id, prefilled)
-                    profiled = measured
+                    profiled = skewer_job(spark, settings, topic, expected)
+                    row["skewer"] = records_count / profiled.seconds
+                    row["exact"] = profiled.exact
             rows.append(row)
             log(
                 f"round {index + 1}: Spark {row['spark']:,.0f}/s, skewer {row['skewer']:,.0f}/s, "
@@ -294,7 +286,7 @@ def run(
         kafka_io.delete_topics(settings.kafka_bootstrap, [topic])
     ratios = [row["skewer"] / row["spark"] for row in rows]
     median = statistics.median(ratios)
-    exact = warm_exact and all(row["exact"] for row in rows)
+    exact = warm_run.exact and all(row["exact"] for row in rows)
     body = [
         f"{records_count:,} records of `{WORKLOAD}` routed by PKG into W = {WORKERS} partitions; "
         f"one SparkSession `local[{max(tasks, 2)}]`; the worker job runs T = {tasks} task(s) per "

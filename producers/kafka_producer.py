@@ -224,12 +224,7 @@ def produce_stream(
     watermarks = 0
 
     def send(key: bytes, value: bytes, partition: int) -> None:
-        while True:
-            try:
-                producer.produce(topic, key=key, value=value, partition=partition)
-                return
-            except BufferError:
-                producer.poll(0.05)
+        kafka_io.produce_blocking(producer, topic, value, key, partition)
 
     def watermark(p: int, time_ms: int, seq: int) -> None:
         nonlocal watermarks

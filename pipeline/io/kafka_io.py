@@ -151,6 +151,20 @@ def consumer_config(bootstrap: str, group_id: str, **overrides: Any) -> dict[str
     return config
 
 
+def produce_blocking(
+    producer: Any, topic: str, value: bytes, key: bytes | None, partition: int
+) -> None:
+    """``producer.produce``, waiting (and serving delivery reports) while librdkafka's local
+    queue is full, instead of raising ``BufferError``. Hot loops call ``produce`` directly and
+    come here only on ``BufferError``."""
+    while True:
+        try:
+            producer.produce(topic, value, key, partition)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
 def require_kafka(bootstrap: str, timeout: float = 5.0) -> None:
     """:class:`ServiceUnavailableError` with one line unless a broker answers at ``bootstrap``."""
     if not probes.kafka_answers(bootstrap, timeout=timeout):

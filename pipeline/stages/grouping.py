@@ -111,8 +111,8 @@ NO_KEY, KEY_TOO_LARGE, UNDECODABLE, WRONG_KIND = range(len(REASONS))
 #: "No watermark yet" for a producer seen only through its DATA records.
 NO_WATERMARK = int(np.iinfo(np.int64).min)
 DEFAULT_BATCH_SIZE = 20_000
-#: Time bound of a batch: at low rates, a transaction commits at least this often
-#: (``bench/results/end_to_end.md`` shows what it adds to latency).
+#: Time bound of a batch: at low rates, a transaction commits at least this often, so a
+#: ``work`` record waits at most this long before read_committed workers can see it.
 MAX_BATCH_SECONDS = 0.1
 #: Attempts of one batch whose transaction the broker aborts before the source gives up.
 MAX_BATCH_ATTEMPTS = 3
@@ -689,12 +689,7 @@ class GroupingSource:
     def _produce_blocking(
         self, topic: str, value: bytes, key: bytes | None, partition: int
     ) -> None:
-        while True:
-            try:
-                self._producer.produce(topic, value, key, partition)
-                return
-            except BufferError:
-                self._producer.poll(0.05)
+        kafka_io.produce_blocking(self._producer, topic, value, key, partition)
 
     def _commit(self) -> None:
         from confluent_kafka import KafkaException

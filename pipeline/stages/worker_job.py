@@ -281,7 +281,11 @@ class PartitionProcessor:
             return
         table = pa.Table.from_batches(arrived)
         shares = [
-            (worker, decode_partition(part.column("key"), part.column("value")), part)
+            (
+                worker,
+                decode_partition(part.column("key"), part.column("value")),
+                part.column("timestamp_ms").to_numpy(),
+            )
             for worker, part in self._split_by_worker(table)
         ]
         decode_seconds = clock.lap()
@@ -290,10 +294,9 @@ class PartitionProcessor:
         shares.sort(key=lambda share: finishes[share[0]])
         wait_seconds = count_seconds = apply_seconds = 0.0
         done: list[tuple[int, int, bool]] = []
-        for worker, decoded, part in shares:
+        for worker, decoded, timestamps_ms in shares:
             time.sleep(max(0.0, finishes[worker] / 1000.0 - time.time()))
             wait_seconds += clock.lap()
-            timestamps_ms = part.column("timestamp_ms").to_numpy()
             batch = to_worker_batch(
                 decoded,
                 timestamps_ms,
@@ -316,7 +319,7 @@ class PartitionProcessor:
         yield pa.RecordBatch.from_pylist(rows, schema=_summary_arrow_schema())
 
     def _service_finishes(
-        self, store: StateStore, shares: list[tuple[int, DecodedPartition, pa.Table]]
+        self, store: StateStore, shares: list[tuple[int, DecodedPartition, np.ndarray]]
     ) -> dict[int, float]:
         """When each worker's emulated server is done with its share (epoch ms): 0 without a
         CPU cost, else :func:`service_finish_ms` from the worker's last finish."""
@@ -325,11 +328,9 @@ class PartitionProcessor:
         busy = store.busy_until([worker for worker, _, _ in shares])
         return {
             worker: service_finish_ms(
-                part.column("timestamp_ms").to_numpy()[decoded.data],
-                self.cpu_cost_us / 1000.0,
-                busy[worker],
+                timestamps_ms[decoded.data], self.cpu_cost_us / 1000.0, busy[worker]
             )
-            for worker, decoded, part in shares
+            for worker, decoded, timestamps_ms in shares
         }
 
     def _split_by_worker(self, table: pa.Table) -> Iterator[tuple[int, pa.Table]]:
@@ -444,9 +445,9 @@ class WorkOptions:
 def default_tasks(workers: int) -> int:
     """Tasks per micro-batch by default: one per core of this machine, at most W.
 
-    Each Python task costs a fixed slice of CPU per micro-batch (its worker process's share of
-    the hand-over; about 60 ms on the 2-core machine of ``bench/results/worker_stage.md``), so
-    W = 8 tasks on 2 cores spent half a second of every micro-batch queueing for a core. The
+    Each Python task costs a fixed slice of CPU per micro-batch, so more tasks than cores
+    only queue for a core: an empty ``mapInArrow`` job took 157-194 ms with 8 tasks and
+    96-110 ms with 2 on the 2-core machine (PySpark 4.2; 500-570 ms with 8 on PySpark 4.0). The
     CPU-cost knob does not need a task per worker: a task emulates its workers side by side
     (:class:`PartitionProcessor`).
     """
