@@ -46,6 +46,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     worker.add_argument("--rounds", type=int, default=3, help="measured pairs (3)")
     worker.add_argument("--out", type=Path, help="output directory (default bench/results)")
     worker.set_defaults(handler=run_worker)
+    own = commands.add_parser(
+        "own-topic", help="the grouping stage on a JSON and a bytes topic vs skewer's format"
+    )
+    own.add_argument("--records", type=int, default=300_000, help="records (300000)")
+    own.add_argument("--rounds", type=int, default=3, help="measured rounds (3)")
+    own.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    own.set_defaults(handler=run_own_topic)
     e2e = commands.add_parser("e2e", help="throughput and latency of the live pipeline per scheme")
     e2e.add_argument("--records", type=int, default=200_000, help="records per run (200000)")
     e2e.add_argument("--cpu-cost-us", type=float, default=1000.0, help="µs per record (1000)")
@@ -136,6 +143,17 @@ def run_worker(args: argparse.Namespace) -> int:
         result = worker_stage.run(records_count=args.records, rounds=args.rounds, log=_log)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    return _write(result, args.out, command, time.perf_counter() - began)
+
+
+def run_own_topic(args: argparse.Namespace) -> int:
+    from bench import own_topic
+    from pipeline.cli.arguments import require_at_least
+
+    require_at_least(1, ("--records", args.records), ("--rounds", args.rounds))
+    command = _command(args, "--records", str(args.records), "--rounds", str(args.rounds))
+    began = time.perf_counter()
+    result = own_topic.run(records=args.records, workers=8, rounds=args.rounds, log=_log)
     return _write(result, args.out, command, time.perf_counter() - began)
 
 

@@ -36,6 +36,7 @@ COMMAND_MODULES = (
     "pipeline.cli.aggregate",
     "pipeline.cli.control",
     "pipeline.cli.demo",
+    "pipeline.cli.verify",
     "pipeline.cli.report",
 )
 #: Where packages above ``pipeline`` register more subcommands (``NAME = "module:register"``).

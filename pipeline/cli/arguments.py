@@ -23,10 +23,20 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import signal
+from typing import TYPE_CHECKING
 
 from pipeline.io.config import SCHEME_VARIABLE
 from pipeline.observe.exporter import ENV_METRICS_PORT, UNKNOWN_SCHEME, port_number
+
+if TYPE_CHECKING:
+    from pipeline.stages.user_topic import UserTopic
+
+#: A duration: a number and a unit (``500ms``, ``5s``, ``2m``, ``1h``); ``0`` alone is 0.
+DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
+DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 
 
 class UsageError(Exception):
@@ -98,6 +108,91 @@ def add_stage_arguments(
     add_run_arguments(parser)
     add_metrics_arguments(parser, scheme_label=scheme_label)
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
+
+
+def parse_duration_ms(flag: str, text: str) -> int:
+    """Milliseconds of ``text`` (``5s``, ``500ms``, ``2m``, ``1h``, ``0``); UsageError else.
+
+    Example:
+        >>> parse_duration_ms("--idle-timeout", "1.5s"), parse_duration_ms("--x", "0")
+        (1500, 0)
+    """
+    if text.strip() == "0":
+        return 0
+    match = DURATION.match(text)
+    if match is None:
+        raise UsageError(f"{flag} {text!r}: not a duration (e.g. 500ms, 5s, 2m)")
+    return round(float(match.group(1)) * DURATION_UNITS_MS[match.group(2)])
+
+
+def add_input_topic_arguments(parser: argparse.ArgumentParser) -> None:
+    """A user's own topic as the input (:mod:`pipeline.stages.user_topic`); each flag's
+    default is an environment variable, so a compose file can set them."""
+    group = parser.add_argument_group(
+        "your own topic (instead of skewer's producers; defaults from SKEWER_INPUT_TOPIC, "
+        "SKEWER_KEY, SKEWER_TIME, SKEWER_MAX_OUT_OF_ORDER, SKEWER_IDLE_TIMEOUT)"
+    )
+    env = os.environ.get
+    group.add_argument(
+        "--input-topic",
+        default=env("SKEWER_INPUT_TOPIC") or None,
+        metavar="TOPIC",
+        help="read this topic as it is; one source per partition",
+    )
+    group.add_argument(
+        "--key",
+        default=env("SKEWER_KEY", "kafka-key"),
+        metavar="SPEC",
+        help="where the key is: kafka-key | json:FIELD | csv:N (default kafka-key)",
+    )
+    group.add_argument(
+        "--time",
+        default=env("SKEWER_TIME", "kafka-timestamp"),
+        metavar="SPEC",
+        help="where the event time is: kafka-timestamp | json:FIELD[:ms|s|iso] | "
+        "csv:N[:ms|s|iso] (default kafka-timestamp)",
+    )
+    group.add_argument(
+        "--max-out-of-order",
+        default=env("SKEWER_MAX_OUT_OF_ORDER", "5s"),
+        metavar="DURATION",
+        help="the watermark is the highest event time seen minus this (default 5s)",
+    )
+    group.add_argument(
+        "--idle-timeout",
+        default=env("SKEWER_IDLE_TIMEOUT", "10s"),
+        metavar="DURATION",
+        help="a partition without records this long stops holding windows open (default "
+        "10s; 0 = never)",
+    )
+
+
+def user_topic_from_args(
+    args: argparse.Namespace, *, window_ms: int, lateness_ms: int
+) -> UserTopic | None:
+    """The :class:`UserTopic` the flags of :func:`add_input_topic_arguments` describe (None
+    without ``--input-topic``); UsageError with one line for a bad extractor or duration."""
+    from pipeline.io import extractors
+    from pipeline.stages.user_topic import UserTopic
+
+    if not args.input_topic:
+        return None
+    try:
+        extractor = extractors.Extractor(
+            key=extractors.parse_key(args.key), time=extractors.parse_time(args.time)
+        )
+        topic = UserTopic(
+            topic=args.input_topic,
+            extractor=extractor,
+            max_out_of_order_ms=parse_duration_ms("--max-out-of-order", args.max_out_of_order),
+            idle_timeout_ms=parse_duration_ms("--idle-timeout", args.idle_timeout),
+            window_ms=window_ms,
+            lateness_ms=lateness_ms,
+        )
+        topic.validate()
+    except ValueError as error:  # ExtractorSpecError is one
+        raise UsageError(str(error)) from None
+    return topic
 
 
 def require_at_least(minimum: int, *values: tuple[str, int]) -> None:

@@ -9,8 +9,11 @@ subprocesses on a fresh run (its own topics ``{run}-keys``, ``{run}-work``, ... 
 ``skewer:{run}:``), shows progress on stderr (records produced, grouped, processed; final
 windows; max/avg load of the workers), and prints a summary per worker and overall.
 ``--verify`` compares every final (key, window) count with the ground truth and exits 0 only
-if all are equal. ``--json`` prints one object instead. The run's topics, Redis keys and
-Spark checkpoint are deleted at the end unless ``--keep``. Exit 2 on bad arguments (unknown
+if all are equal. ``--input-topic T`` runs the scheme on a topic you already have instead: no
+producer, one source per partition of T, the records T holds when the run starts, key and time
+from ``--key`` and ``--time``; the ground truth is then a Spark batch recount of T. ``--json``
+prints one object instead. The run's topics, Redis keys and Spark checkpoint are deleted at
+the end unless ``--keep`` (never T itself). Exit 2 on bad arguments (unknown
 scheme, W < 1, ...), 1 when a service does not answer, a stage fails, or ``--verify`` fails.
 
 See pipeline/runs/orchestrator.py for how the stages run and what the figures mean.
@@ -21,10 +24,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TextIO
+from dataclasses import replace
+from typing import TYPE_CHECKING, TextIO
 
-from pipeline.cli.arguments import add_command, add_param_argument, add_scheme_argument
+from pipeline.cli.arguments import (
+    add_command,
+    add_input_topic_arguments,
+    add_param_argument,
+    add_scheme_argument,
+)
 from producers.workloads import DEFAULT_WORKLOAD
+
+if TYPE_CHECKING:
+    from pipeline.io.config import Settings
+    from pipeline.runs.plan import RunPlan
 
 DEFAULT_SCHEME = "pkg"
 
@@ -71,6 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="routing-table schemes: seconds between the controller's rounds (2)",
     )
+    add_input_topic_arguments(parser)
     parser.add_argument("--verify", action="store_true", help="exit 1 unless counts are exact")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--run-id", help="run id (default: a fresh demo-XXXXXXXX)")
@@ -116,12 +130,28 @@ class ProgressPrinter:
             self.stream.flush()
 
 
+def _sized_to_topic(plan: RunPlan, settings: Settings) -> RunPlan:
+    """The plan of a run on a user's topic: one source per partition, and as many records as
+    the topic holds now (what the run reads). UsageError if there is no such topic or it is
+    empty."""
+    from pipeline.cli.arguments import UsageError
+    from pipeline.io import kafka_io
+
+    topic = plan.input_topic
+    held = kafka_io.topic_records(settings.kafka_bootstrap, topic)
+    if held is None:
+        raise UsageError(f"--input-topic {topic}: no such topic")
+    if not sum(held):
+        raise UsageError(f"--input-topic {topic}: the topic holds no records")
+    return replace(plan, sources=len(held), records=sum(held))
+
+
 def _say(line: str) -> None:
     print(f"skewer demo: {line}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.cli.arguments import UsageError
+    from pipeline.cli.arguments import UsageError, user_topic_from_args
     from pipeline.io import config
     from pipeline.runs import orchestrator, report
     from pipeline.runs.plan import RunPlan
@@ -145,6 +175,13 @@ def run(args: argparse.Namespace) -> int:
         fields["event_rate"] = args.event_rate
     if args.run_id:
         fields["run_id"] = args.run_id
+    user_topic = user_topic_from_args(args, window_ms=fields["window_ms"], lateness_ms=0)
+    if user_topic is not None:
+        fields["input_topic"] = user_topic.topic
+        fields["key"] = user_topic.extractor.key.text
+        fields["time"] = user_topic.extractor.time.text
+        fields["max_out_of_order_ms"] = user_topic.max_out_of_order_ms
+        fields["idle_timeout_ms"] = user_topic.idle_timeout_ms
     plan = RunPlan(**fields)
     try:
         plan.validate()
@@ -162,11 +199,18 @@ def run(args: argparse.Namespace) -> int:
     if lease.started:
         kept = "kept running" if args.keep_services else "stopped at the end"
         _say(f"started {', '.join(lease.started)} ({kept})")
+    if plan.input_topic is not None:
+        try:
+            plan = _sized_to_topic(plan, settings)
+        except UsageError:
+            lease.release()
+            raise
     quiet = args.quiet
     if not quiet:
         _say(
             f"run {plan.run_id}: scheme {plan.scheme}, W={plan.workers} workers, "
-            f"S={plan.sources} sources, {plan.records:,} records of {plan.workload}, "
+            f"S={plan.sources} sources, {plan.records:,} records of "
+            f"{plan.workload if plan.input_topic is None else plan.input_topic}, "
             f"windows of {plan.window_ms / 1000:g} s, CPU cost {plan.cpu_cost_us:g} µs/record"
         )
     printer = ProgressPrinter(plan.records)
@@ -204,9 +248,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**summary.as_json(), "report_png": report_png}))
     else:
+        stream = plan.workload if plan.input_topic is None else f"topic {plan.input_topic}"
         print(
             f"run {plan.run_id}: scheme {plan.scheme}, {plan.records:,} records of "
-            f"{plan.workload}, W={plan.workers}, S={plan.sources}"
+            f"{stream}, W={plan.workers}, S={plan.sources}"
         )
         print("\n".join(summary.lines()))
         print("\n".join(summary.verification.lines()))

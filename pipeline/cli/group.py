@@ -9,6 +9,12 @@ validated (bad ones go to ``dead-letters`` with a reason), routed in batches and
 runs in this process; several run as one process each (``--source s ...`` picks some).
 ``--until-end`` exits once END_OF_STREAM of the source's producers is forwarded. Exit 2 on a
 bad scheme, W or topic, 1 when Kafka or Redis does not answer or a source fails.
+
+``--input-topic T`` reads a topic of your own instead of ``keys``: one source per partition of
+T, the key and event time taken from each record (``--key``, ``--time``), the watermark from the
+data (``--max-out-of-order``, ``--idle-timeout``), records later than their window's close sent
+to topic ``late`` (:mod:`pipeline.stages.user_topic`). ``--until-end`` then reads what T holds
+when the stage starts and exits.
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ import sys
 
 from pipeline.cli.arguments import (
     add_command,
+    add_input_topic_arguments,
     add_param_argument,
     add_scheme_argument,
     add_stage_arguments,
+    add_window_argument,
 )
 from pipeline.observe.exporter import start_exporter
 
@@ -38,29 +46,45 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_scheme_argument(parser, DEFAULT_SCHEME)
     parser.add_argument("--workers", type=int, required=True, metavar="W")
-    parser.add_argument("--sources", type=int, default=1, metavar="S", help="(default 1)")
+    parser.add_argument(
+        "--sources", type=int, metavar="S", help="(default 1; with --input-topic its partitions)"
+    )
     parser.add_argument(
         "--source", type=int, nargs="+", metavar="s", help="run only these sources (0..S-1)"
     )
     parser.add_argument("--batch-size", type=int, default=20_000, help="records per transaction")
     add_param_argument(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the scheme objects")
+    add_window_argument(parser)
+    parser.add_argument(
+        "--lateness-ms", type=int, default=0, help="the aggregator's allowed lateness (0)"
+    )
+    add_input_topic_arguments(parser)
     add_stage_arguments(parser, scheme_label=False, until_end="exit after forwarding END_OF_STREAM")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from operators.params import parse_params
-    from pipeline.cli.arguments import UsageError, require_at_least
+    from pipeline.cli.arguments import UsageError, require_at_least, user_topic_from_args
     from pipeline.io import config, kafka_io
     from pipeline.stages import grouping
 
     scheme = config.resolve_scheme(args.scheme, DEFAULT_SCHEME)
+    settings = config.load()
+    user_topic = user_topic_from_args(args, window_ms=args.window_ms, lateness_ms=args.lateness_ms)
+    if args.sources is None:
+        args.sources = 1
+        if user_topic is not None:
+            kafka_io.require_kafka(settings.kafka_bootstrap)
+            partitions = kafka_io.topic_partitions(settings.kafka_bootstrap, user_topic.topic)
+            if partitions is None:
+                raise UsageError(f"--input-topic {user_topic.topic}: no such topic")
+            args.sources = partitions
     require_at_least(1, ("--sources", args.sources), ("--batch-size", args.batch_size))
     sources = sorted(set(args.source)) if args.source else list(range(args.sources))
     if any(not 0 <= s < args.sources for s in sources):
         raise UsageError(f"--source must lie in 0..{args.sources - 1}, got {args.source}")
-    settings = config.load()
     stage = grouping.StageConfig(
         bootstrap=settings.kafka_bootstrap,
         redis_url=settings.redis_url,
@@ -72,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         batch_size=args.batch_size,
         until_end=args.until_end,
+        input=user_topic,
     )
     try:
         grouping.prepare(stage)
@@ -98,6 +123,7 @@ def run(args: argparse.Namespace) -> int:
             reason: sum(s.dead_letters[reason] for s in summaries) for reason in grouping.REASONS
         },
         "routed": [sum(s.routed[w] for s in summaries) for w in range(args.workers)],
+        "late": sum(s.late for s in summaries),
         "seconds": round(max((s.seconds for s in summaries), default=0.0), 3),
         "ended": all(s.ended for s in summaries),
     }
@@ -108,6 +134,6 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"group ({scheme}, W={args.workers}): {total['data']:,} records routed from "
             f"source(s) {', '.join(map(str, sources))}, {bad:,} dead letter(s) "
-            f"{total['dead_letters']}, in {total['seconds']:.2f} s"
+            f"{total['dead_letters']}, {total['late']:,} late, in {total['seconds']:.2f} s"
         )
     return 0

@@ -9,7 +9,8 @@ each worker counts its records per (key, tumbling window) into Redis, idempotent
 small machine behave like W machines. ``--checkpoint DIR`` is Spark's checkpoint (default
 ``.cache/checkpoints/{topic prefix}{run id}/work``): restart with the same one after a crash.
 ``--until-end`` stops once every worker's watermark is END_OF_STREAM. ``--sources S`` is the
-number of grouping sources (default: the partition count of topic ``keys``). Exit 2 on bad
+number of grouping sources (default: the partition count of topic ``keys``, or of the user's
+topic a grouping stage with ``--input-topic`` recorded for the run). Exit 2 on bad
 arguments, 1 when Kafka or Redis does not answer or the query fails.
 """
 
@@ -21,6 +22,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.cli.arguments import (
     add_command,
@@ -30,6 +32,9 @@ from pipeline.cli.arguments import (
 )
 from pipeline.observe import workers as worker_metrics
 from pipeline.observe.exporter import scheme_label, start_exporter
+
+if TYPE_CHECKING:
+    from pipeline.io.kafka_io import RunNames
 
 #: How long to wait for topic ``keys`` to appear when ``--sources`` is not given.
 KEYS_TOPIC_WAIT_SECONDS = 60.0
@@ -67,10 +72,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def _sources(bootstrap: str, keys_topic: str) -> int:
+def _sources(bootstrap: str, redis_url: str, names: RunNames) -> int:
+    """The run's grouping sources: the partitions of its input, a user's topic the grouping
+    stage recorded (``--input-topic``) or else ``keys`` (waited for a while)."""
     from pipeline.cli.arguments import UsageError
     from pipeline.io import kafka_io
+    from pipeline.stages.user_topic import restore
 
+    client = kafka_io.connect_redis(redis_url)
+    try:
+        described = client.get(names.redis_key("input"))
+    finally:
+        client.close()
+    keys_topic = restore(described)[0].topic if described else names.keys_topic
     deadline = time.monotonic() + KEYS_TOPIC_WAIT_SECONDS
     while (partitions := kafka_io.topic_partitions(bootstrap, keys_topic)) is None:
         if time.monotonic() > deadline:
@@ -113,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     kafka_io.connect_redis(settings.redis_url).close()
     kafka_io.ensure_topic(settings.kafka_bootstrap, names.work_topic, args.workers)
     if args.sources is None:
-        sources = _sources(settings.kafka_bootstrap, names.keys_topic)
+        sources = _sources(settings.kafka_bootstrap, settings.redis_url, names)
         options = dataclasses.replace(options, sources=sources)
     scheme = scheme_label(args.scheme)
     exporter = start_exporter("work", args.run_id, scheme, args.metrics_port)

@@ -2,9 +2,11 @@
 
 Layer: io.
 
-One *run* (``--run-id``, default ``"default"``) owns four topics, named with an optional prefix
-(``--topic-prefix``, default ``""``: DESIGN.md's names) so runs and tests sit side by side, and
-every Redis key under ``skewer:{run_id}:``. :class:`RunNames` spells them all in one place.
+One *run* (``--run-id``, default ``"default"``) owns five topics -- ``keys`` (unless it reads a
+user's topic), ``work``, ``dead-letters``, ``late`` and ``results`` -- named with an optional
+prefix (``--topic-prefix``, default ``""``: DESIGN.md's names) so runs and tests sit side by
+side, and every Redis key under ``skewer:{run_id}:``. :class:`RunNames` spells them all in one
+place.
 
 Client configurations come from builders here so every stage (and the benchmark's passthrough)
 uses the same settings:
@@ -23,8 +25,8 @@ another partition count, since that count is part of the routing.
 
 Example:
     >>> names = RunNames(run_id="r1", topic_prefix="t-")
-    >>> names.keys_topic, names.work_topic, names.dead_letters_topic
-    ('t-keys', 't-work', 't-dead-letters')
+    >>> names.keys_topic, names.work_topic, names.dead_letters_topic, names.late_topic
+    ('t-keys', 't-work', 't-dead-letters', 't-late')
     >>> names.redis_key("truth", 10000)
     'skewer:r1:truth:10000'
     >>> transactional_producer_config("h:1", "skewer.r1.t-group.0")["transactional.id"]
@@ -83,6 +85,11 @@ class RunNames:
     @property
     def dead_letters_topic(self) -> str:
         return f"{self.topic_prefix}dead-letters"
+
+    @property
+    def late_topic(self) -> str:
+        """Records of a user's topic that came after their window closed, with the reason."""
+        return f"{self.topic_prefix}late"
 
     @property
     def redis_prefix(self) -> str:
@@ -231,6 +238,27 @@ def topic_partitions(bootstrap: str, name: str, timeout: float = 10.0) -> int | 
     return len(topic.partitions)
 
 
+def topic_records(bootstrap: str, name: str, timeout: float = 10.0) -> list[int] | None:
+    """Records each partition of ``name`` holds now (high minus low watermark offset), None
+    if there is no such topic."""
+    import uuid
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    partitions = topic_partitions(bootstrap, name, timeout)
+    if partitions is None:
+        return None
+    consumer = Consumer(consumer_config(bootstrap, f"skewer-sizer-{uuid.uuid4().hex}"))
+    try:
+        marks = [
+            consumer.get_watermark_offsets(TopicPartition(name, p), timeout=timeout)
+            for p in range(partitions)
+        ]
+    finally:
+        consumer.close()
+    return [high - low for low, high in marks]
+
+
 def ensure_topic(
     bootstrap: str,
     name: str,
@@ -279,11 +307,11 @@ def ensure_run_topics(
 ) -> None:
     """Create the run's topics that are missing, each with its partition count and size limit.
 
-    ``keys`` has S partitions (``sources``), ``work`` W (``workers``); ``results`` and
-    ``dead-letters`` one. A topic whose count is not given is only created if its count is
-    fixed (results, dead-letters). ``keys``, ``work`` and ``dead-letters`` accept records up
-    to :data:`LARGE_MESSAGE_BYTES`, so any key the stage accepts (up to MAX_KEY_BYTES) fits
-    everywhere it goes.
+    ``keys`` has S partitions (``sources``), ``work`` W (``workers``); ``results``,
+    ``dead-letters`` and ``late`` one. A topic whose count is not given is only created if its
+    count is fixed (results, dead-letters, late). ``keys``, ``work``, ``dead-letters`` and
+    ``late`` accept records up to :data:`LARGE_MESSAGE_BYTES`, so any key the stage accepts (up
+    to MAX_KEY_BYTES) fits everywhere it goes.
     """
     large = {"max.message.bytes": str(LARGE_MESSAGE_BYTES)}
     if sources is not None:
@@ -291,6 +319,7 @@ def ensure_run_topics(
     if workers is not None:
         ensure_topic(bootstrap, names.work_topic, workers, large)
     ensure_topic(bootstrap, names.dead_letters_topic, 1, large)
+    ensure_topic(bootstrap, names.late_topic, 1, large)
     ensure_topic(bootstrap, names.results_topic, 1)
 
 
@@ -315,6 +344,8 @@ class StoredRecord:
     offset: int
     key: bytes | None
     value: bytes | None
+    #: The Kafka timestamp (ms), -1 when the record has none.
+    timestamp_ms: int = -1
 
 
 def read_topic(
@@ -355,7 +386,11 @@ def read_topic(
                 if message.error() is None:
                     out.append(
                         StoredRecord(
-                            message.partition(), message.offset(), message.key(), message.value()
+                            message.partition(),
+                            message.offset(),
+                            message.key(),
+                            message.value(),
+                            message.timestamp()[1],
                         )
                     )
     finally:

@@ -25,6 +25,11 @@ that routed it and the routing-table version it was routed under. ``kind`` says 
 * ``TABLE_SWITCH`` -- (routing-table schemes) source ``source`` routes everything after this
   marker under ``version``.
 
+A DATA value of a run on a user's own topic (``skewer group --input-topic``) is the same 36-byte
+header -- event time extracted from the record, ``producer`` = the input partition, ``seq`` =
+its offset -- followed by the user's value, byte for byte: a wrapper that keeps the original
+whole, so a reader of ``work`` gets it back with ``value[WORK_DTYPE.itemsize:]``.
+
 Example:
     >>> import numpy as np
     >>> value = encode_input(event_time_ms=np.array([1000]), producer=np.array([2]),
@@ -116,14 +121,19 @@ def binary_column(
 
 
 def _decode(
-    values: pa.Array | Sequence[bytes | None], dtype: np.dtype
+    values: pa.Array | Sequence[bytes | None], dtype: np.dtype, *, payload: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Structured array of ``values`` (bad rows zeroed) and a mask of the rows that decoded."""
+    """Structured array of ``values`` (bad rows zeroed) and a mask of the rows that decoded.
+
+    With ``payload`` a value may go on after its header (a user's value wrapped in ``work``).
+    """
     column, valid = binary_column(values)
     size = dtype.itemsize
     starts = column.offsets[:-1]
-    ok = valid & (np.diff(column.offsets) == size)
-    if ok.all():  # the usual batch: the bytes are the records, back to back
+    lengths = np.diff(column.offsets)
+    ok = valid & ((lengths >= size) if payload else (lengths == size))
+    if ok.all() and (not payload or bool((lengths == size).all())):
+        # the usual batch: the bytes are the records, back to back
         out = column.data.view(dtype) if len(column) else np.zeros(0, dtype=dtype)
     else:
         out = np.zeros(len(column), dtype=dtype)
@@ -146,8 +156,9 @@ def decode_input(values: pa.Array | Sequence[bytes | None]) -> tuple[np.ndarray,
 
 
 def decode_work(values: pa.Array | Sequence[bytes | None]) -> tuple[np.ndarray, np.ndarray]:
-    """Decode ``work``-topic values: (records of :data:`WORK_DTYPE`, mask of valid ones)."""
-    return _decode(values, WORK_DTYPE)
+    """Decode ``work``-topic values: (records of :data:`WORK_DTYPE`, mask of valid ones); a
+    value's bytes after the header (a wrapped user value) are not read."""
+    return _decode(values, WORK_DTYPE, payload=True)
 
 
 def _stamped(dtype: np.dtype, count: int, kind: Kind) -> np.ndarray:
@@ -177,6 +188,20 @@ def encode_work(
     records = np.zeros(len(inputs), dtype=WORK_DTYPE)
     for name in INPUT_DTYPE.names:
         records[name] = inputs[name]
+    records["source"] = source
+    records["table_version"] = table_version
+    return _split(records)
+
+
+def work_headers(
+    event_time_ms: np.ndarray, partition: int, offsets: np.ndarray, source: int, table_version: int
+) -> list[bytes]:
+    """``work`` headers of DATA records read from a user's topic, to put before their values:
+    ``producer`` is the input partition and ``seq`` the record's offset there."""
+    records = _stamped(WORK_DTYPE, len(offsets), Kind.DATA)
+    records["event_time_ms"] = event_time_ms
+    records["producer"] = partition
+    records["seq"] = offsets
     records["source"] = source
     records["table_version"] = table_version
     return _split(records)

@@ -43,7 +43,8 @@ The summary (:class:`RunSummary`) is read from Redis and Kafka after the run:
 - ``imbalance_final`` = max_i L_i - avg_i L_i of the records each worker processed,
   ``max_avg_ratio`` = max_i L_i / avg_i L_i (the papers' lambda), ``replication`` = (key,
   worker) state entries / distinct keys summed over windows (1 for key grouping);
-- ``exact`` and the mismatches from :func:`pipeline.runs.verify.verify_run`.
+- ``exact`` and the mismatches from :func:`pipeline.runs.verify.verify_run` (a user's topic:
+  :func:`pipeline.runs.recount.verify_recount`, a Spark batch recount of it).
 
 What each stage is started with comes from the run's :class:`~pipeline.runs.plan.RunPlan`;
 the figures are a :class:`~pipeline.runs.summary.RunSummary`. (layer: runs)
@@ -77,6 +78,7 @@ if TYPE_CHECKING:
     import redis as redis_module
 
     from pipeline.io.state_store import StateStore
+    from pipeline.runs.recount import RecountVerification
     from pipeline.runs.verify import RunVerification
 
 #: Seconds Spark gets to start and commit its first micro-batch.
@@ -456,7 +458,7 @@ class Pipeline:
         plan, store = self.plan, self.store
         sent = _produced(store)
         if sent is None:
-            in_topic = sum(self._end_offsets(plan.names.keys_topic, plan.sources))
+            in_topic = sum(self._end_offsets(self.input_topic, plan.sources))
             sent = min(in_topic, plan.records)  # minus a few watermark records, while running
         routed = store.client.hvals(plan.names.redis_key("stats", "routed"))
         loads = store.processed_per_worker(plan.workers).tolist()
@@ -469,15 +471,26 @@ class Pipeline:
             windows_final=int(store.client.scard(store.keys.windows_final)),
         )
 
+    @property
+    def input_topic(self) -> str:
+        """Where the run's records come from: ``keys``, or the user's ``--input-topic``."""
+        return self.plan.input_topic or self.plan.names.keys_topic
+
     def timeline(self) -> tuple[int | None, int | None, int | None]:
         """Kafka timestamps (ms): the first record of ``keys``, the last of ``work`` (the
-        grouping stage done) and the last of ``results`` (the last window final)."""
+        grouping stage done) and the last of ``results`` (the last window final). A user's
+        topic may hold records of long ago: its run starts at the first record of ``work``."""
         from confluent_kafka import TopicPartition
 
         names, consumer = self.plan.names, self._kafka()
+        first_topic, first_partitions = (
+            (names.keys_topic, self.plan.sources)
+            if self.plan.input_topic is None
+            else (names.work_topic, self.plan.workers)
+        )
         firsts = [
-            _first_timestamp(consumer, TopicPartition(names.keys_topic, p, 0))
-            for p, end in enumerate(self._end_offsets(names.keys_topic, self.plan.sources))
+            _first_timestamp(consumer, TopicPartition(first_topic, p, 0))
+            for p, end in enumerate(self._end_offsets(first_topic, first_partitions))
             if end > 0
         ]
         routed = [
@@ -491,14 +504,15 @@ class Pipeline:
         last_routed = max((t for t in routed if t is not None), default=None)
         return first, last_routed, final
 
-    def summary(self, verification: RunVerification | None = None) -> RunSummary:
+    def summary(
+        self, verification: RunVerification | RecountVerification | None = None
+    ) -> RunSummary:
         """The run's figures (call after the stages finished)."""
         from pipeline.io.state_store import latency_quantile
-        from pipeline.runs.verify import verify_run
         from pipeline.stages.control_plane import ControlPlane
 
         plan, store = self.plan, self.store
-        verification = verification or verify_run(store)
+        verification = verification or self.verify()
         loads = store.processed_per_worker(plan.workers).tolist()
         imbalance_final, _, max_avg_ratio = load_figures(loads)
         histograms = [store.latency_histogram(plan.workers, w) for w in range(plan.workers)]
@@ -525,7 +539,8 @@ class Pipeline:
             window_ms=plan.window_ms,
             cpu_cost_us=plan.cpu_cost_us,
             records_requested=plan.records,
-            records_produced=_produced(store) or 0,
+            # a user's topic: the records it held when the run began (what the run read)
+            records_produced=(_produced(store) or 0) if plan.input_topic is None else plan.records,
             records_grouped=sum(
                 int(v) for v in store.client.hvals(plan.names.redis_key("stats", "routed"))
             ),
@@ -544,12 +559,45 @@ class Pipeline:
             max_avg_ratio=max_avg_ratio,
             replication=totals.get("state_entries", 0) / distinct if distinct else None,
             dead_letters=sum(dead.values()),
+            late_records=sum(
+                int(v) for v in store.client.hvals(plan.names.redis_key("stats", "late_input"))
+            ),
             dead_letter_reasons=dead,
             stages={name: p.output() for name, p in self.stages.items()},
             restarts={name: p.starts - 1 for name, p in self.stages.items() if p.starts > 1},
             wall_seconds=time.monotonic() - self.started_at,
             migrations=ControlPlane(store.client, plan.run_id).rebalances(),
         )
+
+    def verify(self) -> RunVerification | RecountVerification:
+        """Is the run exact? Against the producers' ground truth, or, for a user's topic, a
+        Spark batch recount of it (:mod:`pipeline.runs.recount`)."""
+        from pipeline.runs.recount import verify_recount
+        from pipeline.runs.verify import verify_run
+
+        user_topic = self.plan.user_topic()
+        if user_topic is None:
+            return verify_run(self.store)
+        from pyspark import SparkContext
+
+        from pipeline.io.spark_session import build_spark_session
+
+        # A process that runs Spark already (a test session's workers) lends its session.
+        ours = SparkContext._active_spark_context is None
+        spark = build_spark_session("skewer-recount", settings=self.settings)
+        try:
+            return verify_recount(
+                spark,
+                self.store,
+                self.settings.kafka_bootstrap,
+                self.plan.names,
+                user_topic.topic,
+                user_topic.extractor,
+                user_topic.window_ms,
+            )
+        finally:
+            if ours:
+                spark.stop()
 
     def cleanup(self, *, logs: bool = True) -> None:
         """Delete the run's topics, Redis keys, checkpoint and (``logs``) stage logs; nothing

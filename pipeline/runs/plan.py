@@ -25,6 +25,7 @@ from producers.kafka_producer import DEFAULT_EVENT_RATE
 from producers.workloads import DEFAULT_WORKLOAD
 
 if TYPE_CHECKING:
+    from pipeline.stages.user_topic import UserTopic
     from pipeline.stages.worker_job import WorkOptions
 
 #: Start order: the workers first (the slowest to start), the producer last. ``control`` runs
@@ -61,6 +62,31 @@ class RunPlan:
     #: The scheme's parameters as ``NAME=VALUE`` (``--param``), for the grouping stage and the
     #: controller alike.
     params: tuple[str, ...] = ()
+    #: A user's own topic to read instead of producing (``--input-topic``): no producer runs,
+    #: one source per partition, key and time from ``key`` and ``time`` (extractor specs).
+    input_topic: str | None = None
+    key: str = "kafka-key"
+    time: str = "kafka-timestamp"
+    max_out_of_order_ms: int = 5_000
+    idle_timeout_ms: int = 10_000
+
+    def user_topic(self) -> UserTopic | None:
+        """How the grouping stage reads ``input_topic`` (ValueError for a bad spec)."""
+        from pipeline.io import extractors
+        from pipeline.stages.user_topic import UserTopic
+
+        if self.input_topic is None:
+            return None
+        return UserTopic(
+            topic=self.input_topic,
+            extractor=extractors.Extractor(
+                key=extractors.parse_key(self.key), time=extractors.parse_time(self.time)
+            ),
+            max_out_of_order_ms=self.max_out_of_order_ms,
+            idle_timeout_ms=self.idle_timeout_ms,
+            window_ms=self.window_ms,
+            lateness_ms=self.lateness_ms,
+        )
 
     @property
     def stages(self) -> tuple[str, ...]:
@@ -68,7 +94,10 @@ class RunPlan:
         from pipeline.stages.controller import table_schemes
 
         table = self.scheme in table_schemes()
-        return tuple(s for s in STAGES if s != "control" or table)
+        skipped = {"control"} if not table else set()
+        if self.input_topic is not None:
+            skipped.add("produce")
+        return tuple(s for s in STAGES if s not in skipped)
 
     @property
     def names(self) -> kafka_io.RunNames:
@@ -77,11 +106,14 @@ class RunPlan:
 
     @property
     def topics(self) -> list[str]:
+        """The run's own topics (never a user's input topic: cleaning up deletes these)."""
         names = self.names
+        keys = [names.keys_topic] if self.input_topic is None else []
         return [
-            names.keys_topic,
+            *keys,
             names.work_topic,
             names.dead_letters_topic,
+            names.late_topic,
             names.results_topic,
         ]
 
@@ -113,6 +145,9 @@ class RunPlan:
         from pipeline.io.state_store import RunKeys
 
         RunKeys(self.run_id)
+        user_topic = self.user_topic()  # ExtractorSpecError is a ValueError
+        if user_topic is not None:
+            user_topic.validate()
         try:
             parse(self.workload)
         except WorkloadError as error:
@@ -134,6 +169,7 @@ class RunPlan:
             n_workers=self.workers,
             n_sources=self.sources,
             params=parse_params(list(self.params)),
+            input=self.user_topic(),
         )
 
     def argv(self, stage: str, settings: config.Settings | None = None) -> list[str]:
@@ -154,6 +190,11 @@ class RunPlan:
         params = [word for item in self.params for word in ("--param", item)]
         if stage == "group":
             out = ["group", "--scheme", self.scheme, *workers, "--sources", str(self.sources)]
+            if self.input_topic is not None:
+                out += ["--input-topic", self.input_topic, "--key", self.key]
+                out += ["--time", self.time, *window, "--lateness-ms", str(self.lateness_ms)]
+                out += ["--max-out-of-order", f"{self.max_out_of_order_ms}ms"]
+                out += ["--idle-timeout", f"{self.idle_timeout_ms}ms"]
             return [*out, *params, *run, "--until-end", "--json"]
         if stage == "work":
             checkpoint = self.checkpoint_dir(settings or config.load())

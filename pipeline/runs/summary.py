@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pipeline.runs.recount import RecountVerification
     from pipeline.runs.verify import RunVerification
 
 
@@ -34,7 +35,7 @@ class RunSummary:
     latency_p50_per_worker: list[float | None]
     latency_p99_per_worker: list[float | None]
     windows: int
-    verification: RunVerification
+    verification: RunVerification | RecountVerification
     seconds: float | None
     throughput: float | None
     #: Records per second from the first produce to the grouping stage's last write to work.
@@ -51,6 +52,8 @@ class RunSummary:
     wall_seconds: float
     #: Completed migrations of a routing-table scheme (``ctl:rebalances``), oldest first.
     migrations: list[dict[str, Any]] = field(default_factory=list)
+    #: Records of a user's topic that came after their window closed (topic ``late``).
+    late_records: int = 0
 
     @property
     def exact(self) -> bool:
@@ -88,6 +91,7 @@ class RunSummary:
             "replication": rounded(self.replication, 4),
             "dead_letters": self.dead_letters,
             "dead_letter_reasons": self.dead_letter_reasons,
+            "late_records": self.late_records,
             "per_worker": self.per_worker,
             "latency_p50_ms_per_worker": self.latency_p50_per_worker,
             "latency_p99_ms_per_worker": self.latency_p99_per_worker,
@@ -118,7 +122,7 @@ class RunSummary:
         out += [
             f"records: {self.records_produced:,} produced, {self.records_grouped:,} grouped, "
             f"{self.records_processed:,} processed; {self.windows} window(s) final; "
-            f"{self.dead_letters:,} dead letter(s)",
+            f"{self.dead_letters:,} dead letter(s), {self.late_records:,} late",
             f"throughput: {throughput}",
             f"latency (grouping stage to worker): p50 {_ms(self.latency_p50_ms)} ms, "
             f"p99 {_ms(self.latency_p99_ms)} ms",

@@ -96,18 +96,23 @@ from operators import registry
 from operators.base import Scheme, SchemeError, TableScheme
 from operators.keys import KeyBatch
 from pipeline.io import kafka_io, records
+from pipeline.io.extractors import REASONS as EXTRACTOR_REASONS
 from pipeline.io.records import END_OF_STREAM, MAX_KEY_BYTES, Kind
 from pipeline.services import process
-from pipeline.stages import control_plane
+from pipeline.stages import control_plane, user_topic
+from pipeline.stages.user_topic import DataWatermark, UserTopic
 
 if TYPE_CHECKING:
     import redis
 
     from pipeline.observe.grouping import GroupingMetrics
 
-#: Reasons a record is dead-lettered; ``Validation.reasons`` holds indices into this tuple.
-REASONS = ("no-key", "key-too-large", "undecodable-value", "wrong-kind")
-NO_KEY, KEY_TOO_LARGE, UNDECODABLE, WRONG_KIND = range(len(REASONS))
+#: Reasons a record is dead-lettered; ``Validation.reasons`` holds indices into this tuple. The
+#: last two are a user topic's (:mod:`pipeline.io.extractors`: no time, no numeric field).
+REASONS = ("no-key", "key-too-large", "undecodable-value", "wrong-kind", "bad-time", "bad-amount")
+NO_KEY, KEY_TOO_LARGE, UNDECODABLE, WRONG_KIND, BAD_TIME, BAD_AMOUNT = range(len(REASONS))
+#: Seconds between two looks at the other sources' watermarks while a source is idle.
+IDLE_CHECK_SECONDS = 1.0
 #: "No watermark yet" for a producer seen only through its DATA records.
 NO_WATERMARK = int(np.iinfo(np.int64).min)
 DEFAULT_BATCH_SIZE = 20_000
@@ -183,9 +188,16 @@ def work_values(input_values: Sequence[bytes], source: int, table_version: int) 
 
 
 def dead_letter_value(
-    reason: int, key_length: int, value: bytes | None, topic: str, partition: int, offset: int
+    reason: int,
+    key_length: int,
+    value: bytes | None,
+    topic: str,
+    partition: int,
+    offset: int,
+    detail: str | None = None,
 ) -> bytes:
-    """The JSON value of a dead letter (its Kafka key is the original key)."""
+    """The JSON value of a dead letter (its Kafka key is the original key); ``detail`` says
+    what was wrong when the reason alone does not (a user topic's extractor)."""
     details = {
         NO_KEY: "a DATA record needs a key",
         KEY_TOO_LARGE: f"key of {key_length} bytes exceeds {MAX_KEY_BYTES}",
@@ -200,7 +212,7 @@ def dead_letter_value(
     return json.dumps(
         {
             "reason": REASONS[reason],
-            "detail": details[reason],
+            "detail": detail if detail is not None else details[reason],
             "topic": topic,
             "partition": partition,
             "offset": offset,
@@ -262,7 +274,7 @@ class SourceWatermark:
         return SourceWatermark(dict(self.producers), self.forwarded)
 
 
-def offset_metadata(watermark: SourceWatermark, table_version: int) -> str:
+def offset_metadata(watermark: SourceWatermark | DataWatermark, table_version: int) -> str:
     """The committed offset's metadata: the watermark state and the routing-table version the
     source routes under from that offset on (:mod:`pipeline.stages.control_plane`)."""
     state = json.loads(watermark.to_metadata())
@@ -271,11 +283,15 @@ def offset_metadata(watermark: SourceWatermark, table_version: int) -> str:
     return json.dumps(state, separators=(",", ":"))
 
 
-def parse_offset_metadata(text: str | None) -> tuple[SourceWatermark, int]:
-    """Inverse of :func:`offset_metadata` (no metadata: a fresh source on version 0)."""
-    if not text:
-        return SourceWatermark(), 0
-    return SourceWatermark.from_metadata(text), int(json.loads(text).get("v", 0))
+def parse_offset_metadata(
+    text: str | None, fresh: SourceWatermark | DataWatermark | None = None
+) -> tuple[SourceWatermark | DataWatermark, int]:
+    """Inverse of :func:`offset_metadata` (no metadata: a fresh source on version 0);
+    ``fresh`` is the kind of watermark the source keeps (default: its producers')."""
+    version = int(json.loads(text).get("v", 0)) if text else 0
+    if isinstance(fresh, DataWatermark):
+        return fresh.restored(text), version
+    return SourceWatermark.from_metadata(text), version
 
 
 # --- one source ------------------------------------------------------------------------------
@@ -305,6 +321,12 @@ class StageConfig:
     #: Seconds between two looks at the control plane (routing-table schemes only).
     control_poll: float = 0.1
     report_keys: int = control_plane.DEFAULT_REPORT_KEYS
+    #: A user's own topic to read instead of ``keys`` (:mod:`pipeline.stages.user_topic`).
+    input: UserTopic | None = None
+
+    @property
+    def input_topic(self) -> str:
+        return self.input.topic if self.input is not None else self.names.keys_topic
 
 
 @dataclass
@@ -316,6 +338,8 @@ class SourceSummary:
     data: int = 0
     watermarks: int = 0
     dead_letters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    #: Records of a user topic that came after their window closed (topic ``late``).
+    late: int = 0
     routed: list[int] = field(default_factory=list)
     batches: int = 0
     seconds: float = 0.0
@@ -337,6 +361,9 @@ class BatchOutput:
     reasons: np.ndarray
     data_rows: np.ndarray
     dead_letters: list[tuple[bytes | None, bytes]] = field(default_factory=list)
+    #: Late records of a user topic: (original key, ``late`` value), and their rows.
+    late: list[tuple[bytes | None, bytes]] = field(default_factory=list)
+    late_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     #: Values sent to every ``work`` partition after the records.
     markers: list[bytes] = field(default_factory=list)
     #: TABLE_SWITCH values sent to every ``work`` partition before the records.
@@ -382,7 +409,17 @@ class GroupingSource:
         self.names = config.names
         self.scheme = create_scheme(config, source)
         self.summary = SourceSummary(self.source, routed=[0] * config.n_workers)
-        self.watermark = SourceWatermark()
+        self.watermark: SourceWatermark | DataWatermark = (
+            SourceWatermark()
+            if config.input is None
+            else DataWatermark(config.input.max_out_of_order_ms)
+        )
+        # A user topic: when the source last read a record (idle timeout), the watermark the
+        # others forwarded that an idle source adopts, and whether it reached its end offset.
+        self._last_record_at = time.monotonic()
+        self._idle_checked = 0.0
+        self._idle_floor = user_topic.NO_WATERMARK
+        self._finish_pending = False
         self._counted_offset = -1
         self._failed_at = -1
         self._failures = 0
@@ -425,17 +462,25 @@ class GroupingSource:
         self._consumer = Consumer(
             kafka_io.consumer_config(config.bootstrap, names.consumer_group(self.source))
         )
+        topic = config.input_topic
         committed = kafka_io.committed_offset(
-            self._consumer, TopicPartition(names.keys_topic, self.source), timeout=60
+            self._consumer, TopicPartition(topic, self.source), timeout=60
         )
-        self.watermark, self.table_version = parse_offset_metadata(committed.metadata)
+        self.watermark, self.table_version = parse_offset_metadata(
+            committed.metadata, self.watermark
+        )
         start = committed.offset if committed.offset >= 0 else OFFSET_BEGINNING
         self._next_offset = max(committed.offset, 0)
+        bounded = isinstance(self.watermark, DataWatermark) and config.until_end
+        if bounded and self.watermark.end_offset < 0:  # a bounded run's first start: its end
+            self.watermark.end_offset = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, self.source), timeout=60
+            )[1]
         if self.control is not None:
             self._install(self.table_version)
             self._reported_round = self.control.current().round
             self.poll_control(force=True)
-        self._consumer.assign([TopicPartition(names.keys_topic, self.source, start)])
+        self._consumer.assign([TopicPartition(topic, self.source, start)])
         # A manually assigned consumer's group metadata never changes (and costs a call).
         self._group_metadata = self._consumer.consumer_group_metadata()
         counted = self.redis.hget(self._stats_key(), "offset")
@@ -462,14 +507,57 @@ class GroupingSource:
                 if self.control is not None:
                     self.poll_control()
                 if messages:
+                    self._last_record_at = time.monotonic()
                     self.process(messages)
                 elif self._switch_pending:
                     self.process([])
+                if self.config.input is not None:
+                    self._user_topic_markers(bool(messages))
         finally:
             self.summary.seconds = time.perf_counter() - began
             self.summary.ended = self.watermark.ended
             self.close()
         return self.summary
+
+    # -- a user topic's end and idleness (pipeline.stages.user_topic)
+
+    def _user_topic_markers(self, got_records: bool) -> None:
+        """Forward END_OF_STREAM at a bounded run's end offset; raise an idle source's
+        watermark to the others' (one transaction of markers, no records)."""
+        from confluent_kafka import TopicPartition
+
+        watermark = self.watermark
+        assert isinstance(watermark, DataWatermark) and self.config.input is not None
+        if watermark.ended:
+            return
+        if watermark.end_offset >= 0:
+            tp = TopicPartition(self.config.input_topic, self.source)
+            # librdkafka's position moves past transaction markers; before the first fetch it
+            # is invalid (< 0), and then what was committed is where the source stands.
+            position = max(self._consumer.position([tp])[0].offset, self._next_offset)
+            if position >= watermark.end_offset:
+                self._finish_pending = True
+                self.process([])
+                return
+        idle_ms = self.config.input.idle_timeout_ms
+        now = time.monotonic()
+        if got_records or not idle_ms or (now - self._last_record_at) * 1000 < idle_ms:
+            return
+        if now - self._idle_checked < IDLE_CHECK_SECONDS:
+            return
+        self._idle_checked = now
+        others = [
+            int(v)
+            for s, v in self.redis.hgetall(self._source_watermarks_key()).items()
+            if int(s) != self.source
+        ]
+        floor = max(others, default=user_topic.NO_WATERMARK)
+        if floor > watermark.forwarded:
+            self._idle_floor = floor
+            self.process([])
+
+    def _source_watermarks_key(self) -> str:
+        return self.names.redis_key("sources", "watermark")
 
     # -- routing-table control (pipeline.stages.control_plane)
 
@@ -528,8 +616,12 @@ class GroupingSource:
 
     # -- one batch
 
-    def route_batch(self, messages: list[Any], watermark: SourceWatermark) -> BatchOutput:
+    def route_batch(
+        self, messages: list[Any], watermark: SourceWatermark | DataWatermark
+    ) -> BatchOutput:
         """Validate and route ``messages``; updates ``watermark`` (a copy) and the scheme."""
+        if isinstance(watermark, DataWatermark):
+            return self._route_user_batch(messages, watermark)
         keys = [m.key() for m in messages]
         values = [m.value() for m in messages]
         checked = validate(keys, values)
@@ -594,6 +686,93 @@ class GroupingSource:
             )
         return output
 
+    def _route_user_batch(self, messages: list[Any], watermark: DataWatermark) -> BatchOutput:
+        """:meth:`route_batch` on a user's topic: extract key and time, set late records
+        aside, route the rest with the user's value wrapped (module user_topic)."""
+        spec = self.config.input
+        assert spec is not None
+        n = len(messages)
+        keys = [m.key() for m in messages]
+        values = [m.value() for m in messages]
+        offsets = np.fromiter((m.offset() for m in messages), dtype=np.int64, count=n)
+        if spec.extractor.time.source == "kafka-timestamp":
+            # (type, ms); type 0 (no timestamp) comes with -1, which the extractor refuses
+            stamps = np.fromiter((m.timestamp()[1] for m in messages), dtype=np.int64, count=n)
+        else:
+            stamps = np.zeros(n, dtype=np.int64)
+        extracted = spec.extractor.extract(values, keys, stamps)
+        reasons = np.full(n, -1, dtype=np.int8)
+        for index, name in enumerate(EXTRACTOR_REASONS):
+            reasons[extracted.reasons == index] = REASONS.index(name)
+        times = extracted.event_time_ms
+        valid = reasons < 0
+        late = user_topic.late_rows(times, valid, watermark, spec.window_ms, spec.lateness_ms)
+        data = np.flatnonzero(valid & ~late)
+        batch = extracted.keys.take(data)
+        partitions = np.asarray(self.scheme.route(batch), dtype=np.int32)
+        version = self.scheme.table.version if isinstance(self.scheme, TableScheme) else 0
+        if self.control is not None and len(batch):
+            self._remember(batch)
+        rows = data.tolist()
+        headers = records.work_headers(
+            times[data], self.source, offsets[data], self.source, version
+        )
+        output = BatchOutput(
+            batch.to_list(),
+            [header + (values[i] or b"") for header, i in zip(headers, rows, strict=True)],
+            partitions.tolist(),
+            reasons=reasons,
+            data_rows=data,
+        )
+        output.routed = np.bincount(partitions, minlength=self.config.n_workers)
+        output.dead_letter_counts = np.bincount(reasons[reasons >= 0], minlength=len(REASONS))
+        if version > self.table_version:
+            output.switch_markers.append(
+                records.encode_marker(Kind.TABLE_SWITCH, self.source, table_version=version)
+            )
+        topic = spec.topic
+        output.late_rows = np.flatnonzero(late)
+        for row in output.late_rows.tolist():
+            output.late.append(
+                (
+                    keys[row],
+                    user_topic.late_value(
+                        event_time_ms=int(times[row]),
+                        window_ms=spec.window_ms,
+                        watermark=watermark.forwarded,
+                        key=extracted.keys[row],
+                        value=values[row],
+                        topic=topic,
+                        partition=self.source,
+                        offset=int(offsets[row]),
+                    ),
+                )
+            )
+        for row in np.flatnonzero(~valid).tolist():
+            reason = int(reasons[row])
+            output.dead_letters.append(
+                (
+                    keys[row],
+                    dead_letter_value(
+                        reason,
+                        len(extracted.keys[row]),
+                        values[row],
+                        topic,
+                        self.source,
+                        int(offsets[row]),
+                        detail=spec.extractor.detail(int(extracted.reasons[row])),
+                    ),
+                )
+            )
+        watermark.observe(times[data])
+        watermark.raise_to(self._idle_floor)
+        if self._finish_pending:
+            watermark.finish()
+        forwarded = watermark.advance()
+        if forwarded is not None:
+            output.markers.append(records.encode_marker(Kind.WATERMARK, self.source, forwarded))
+        return output
+
     def process(self, messages: list[Any]) -> None:
         """Route one batch and commit it (records, dead letters, markers, offset) atomically."""
         from confluent_kafka import KafkaException, TopicPartition
@@ -614,7 +793,7 @@ class GroupingSource:
             producer.send_offsets_to_transaction(
                 [
                     TopicPartition(
-                        self.names.keys_topic,
+                        self.config.input_topic,
                         self.source,
                         last + 1,
                         metadata=offset_metadata(watermark, version),
@@ -641,9 +820,12 @@ class GroupingSource:
                     f"{self._failures} times: {error.str()}"
                 ) from None
             if messages:
-                self._consumer.seek(TopicPartition(self.names.keys_topic, self.source, first))
+                self._consumer.seek(TopicPartition(self.config.input_topic, self.source, first))
             return
         self._failures = 0
+        if self.config.input is not None and watermark.forwarded > self.watermark.forwarded:
+            # what an idle source adopts (a hint only: each source's own lateness rule holds)
+            self.redis.hset(self._source_watermarks_key(), self.source, watermark.forwarded)
         self.watermark = watermark
         self.table_version = version
         self._next_offset = last + 1
@@ -664,9 +846,11 @@ class GroupingSource:
         for reason, count in dead.items():
             summary.dead_letters[reason] += count
         summary.batches += 1
+        late = int(output.late_rows.shape[0])
+        summary.late += late
         if self.metrics is not None:
             if records:
-                self.metrics.batch(records, routed, dead, seconds)
+                self.metrics.batch(records, routed, dead, seconds, late=late)
             self.metrics.table_of(self.scheme)
 
     def _send(self, output: BatchOutput) -> None:
@@ -682,6 +866,8 @@ class GroupingSource:
                 self._produce_blocking(work, value, key, worker)
         for key, value in output.dead_letters:
             self._produce_blocking(self.names.dead_letters_topic, value, key, 0)
+        for key, value in output.late:
+            self._produce_blocking(self.names.late_topic, value, key, 0)
         for marker in output.markers:
             for worker in range(self.config.n_workers):
                 self._produce_blocking(work, marker, None, worker)
@@ -717,6 +903,7 @@ class GroupingSource:
             offsets = np.fromiter((m.offset() for m in messages), dtype=np.int64, count=n)
             fresh = offsets > self._counted_offset
         routed, bad_counts = output.routed, output.dead_letter_counts
+        late = int(fresh[output.late_rows].sum())
         if not fresh.any():
             return
         if not fresh.all():
@@ -736,6 +923,9 @@ class GroupingSource:
         pipe.hincrby(stats, "data", data_count)
         pipe.hincrby(stats, "dead_letters", int(bad_counts.sum()))
         pipe.hset(stats, "offset", last)
+        if late:
+            pipe.hincrby(stats, "late", late)
+            pipe.hincrby(self.names.redis_key("stats", "late_input"), self.source, late)
         for w, count in enumerate(routed.tolist()):
             if count:
                 pipe.hincrby(self.names.redis_key("stats", "routed"), w, count)
@@ -758,9 +948,28 @@ def prepare(config: StageConfig) -> None:
     for s in range(config.n_sources):
         create_scheme(config, s)
     kafka_io.require_kafka(config.bootstrap)
-    kafka_io.connect_redis(config.redis_url).close()
+    client = kafka_io.connect_redis(config.redis_url)
+    try:
+        if config.input is not None:
+            # what `skewer verify --recount` needs to recount the topic the way this run read it
+            client.set(
+                config.names.redis_key("input"), user_topic.describe(config.input, config.names)
+            )
+    finally:
+        client.close()
+    if config.input is not None:
+        partitions = kafka_io.topic_partitions(config.bootstrap, config.input.topic)
+        if partitions is None:
+            raise kafka_io.KafkaIOError(f"kafka: no topic {config.input.topic!r} to read")
+        if partitions != config.n_sources:
+            raise kafka_io.KafkaIOError(
+                f"topic {config.input.topic!r} has {partitions} partition(s): that many sources"
+            )
     kafka_io.ensure_run_topics(
-        config.bootstrap, config.names, sources=config.n_sources, workers=config.n_workers
+        config.bootstrap,
+        config.names,
+        sources=config.n_sources if config.input is None else None,
+        workers=config.n_workers,
     )
 
 

@@ -298,7 +298,7 @@ def test_plan_commands_and_balance_figures() -> None:
         "work --workers 3 --sources 1 --window-ms 10000 --cpu-cost-us 0.5 --checkpoint "
         f"{checkpoint} --run-id x --topic-prefix x- --scheme fish --until-end --json"
     )
-    assert plan.topics == ["x-keys", "x-work", "x-dead-letters", "x-results"]
+    assert plan.topics == ["x-keys", "x-work", "x-dead-letters", "x-late", "x-results"]
     assert plan.stages == ("work", "aggregate", "group", "produce")  # no routing table
     mixed = RunPlan(
         scheme="mixed", records=500, run_id="y", control_interval=1.5, params=("theta_max=0.1",)

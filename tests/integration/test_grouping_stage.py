@@ -257,6 +257,7 @@ def test_bad_input_goes_to_dead_letters_and_valid_records_flow(
     assert summary.ended and summary.data == len(good)
     assert summary.dead_letters == {
         "no-key": 2, "key-too-large": 1, "undecodable-value": 3, "wrong-kind": 2,
+        "bad-time": 0, "bad-amount": 0,  # a user topic's reasons
     }  # fmt: skip
 
     stored, decoded = read_work(kafka, run_names)

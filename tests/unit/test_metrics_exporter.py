@@ -83,6 +83,7 @@ def test_every_contract_series_is_defined_once_with_run_and_scheme() -> None:
         "skewer_grouping_records_total": ("source",),
         "skewer_grouping_routed_total": ("source", "worker"),
         "skewer_grouping_dead_letters_total": ("source", "reason"),
+        "skewer_grouping_late_records_total": ("source",),
         "skewer_grouping_batch_seconds": ("source",),
         "skewer_routing_table_version": ("source",),
         "skewer_routing_table_entries": ("source",),

@@ -1,0 +1,285 @@
+"""Is a run on a user's topic exact? Recount the topic with a Spark batch query and compare.
+
+Layer: runs.
+
+A run on a topic skewer did not write (``--input-topic``) has no ground truth from skewer's
+producers. ``skewer verify --run-id R --recount`` makes one the way a Spark user would: one
+*batch* query over the same topic, up to the offsets the run's grouping sources committed (what
+the run read), that
+
+1. extracts key and event time with the very extractor the run used
+   (:class:`pipeline.io.extractors.Extractor`, in ``mapInArrow``) and assigns the same tumbling
+   windows (:func:`pipeline.io.records.window_start`); records it cannot extract are the
+   run's dead letters;
+2. leaves out the records the run reported late (their partition and offset, from the run's
+   ``late`` topic);
+3. counts per (window, key) with Spark's own ``groupBy().count()``.
+
+Every (key, window) of the recount must equal the run's final result (``result:{window}``),
+every recounted window must be final, and the records left out must be exactly the run's late
+records and dead letters. ``exact`` is all of it.
+
+Example (a report with one difference):
+    >>> report = RecountVerification(
+    ...     windows=2, keys=3, recounted=10, result_records=9, late=1, run_late=1,
+    ...     invalid=0, run_dead_letters=0, missing_windows=[],
+    ...     mismatches=[(0, b"a", 5, 4)], mismatch_count=1)
+    >>> report.exact
+    False
+    >>> print(report.lines()[0])
+    NOT exact: 1 (key, window) count(s) differ from the recount (2 windows, 3 keys)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.io import kafka_io, records
+from pipeline.io.extractors import Extractor
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from pipeline.io.state_store import StateStore
+
+#: Mismatches kept for the report (the count covers all of them).
+MAX_REPORTED = 20
+#: The rows :class:`ExtractWindows` yields to Spark.
+RECOUNT_SCHEMA = "partition int, offset long, key binary, window long, valid boolean"
+
+
+@dataclass(frozen=True)
+class RecountVerification:
+    """The outcome of :func:`verify_recount`."""
+
+    windows: int
+    keys: int
+    recounted: int
+    result_records: int
+    #: Records the recount left out as late, and what the run reported late.
+    late: int
+    run_late: int
+    #: Records the extractor refused, and the run's dead letters.
+    invalid: int
+    run_dead_letters: int
+    #: Recounted windows that are not final in the run.
+    missing_windows: list[int]
+    #: The first few ``(window, key, recount, result)`` that differ.
+    mismatches: list[tuple[int, bytes, int, int]] = field(default_factory=list)
+    mismatch_count: int = 0
+
+    @property
+    def exact(self) -> bool:
+        return (
+            self.mismatch_count == 0
+            and not self.missing_windows
+            and self.late == self.run_late
+            and self.invalid == self.run_dead_letters
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "exact": self.exact,
+            "windows": self.windows,
+            "keys": self.keys,
+            "recounted": self.recounted,
+            "result_records": self.result_records,
+            "late": self.late,
+            "run_late": self.run_late,
+            "invalid": self.invalid,
+            "run_dead_letters": self.run_dead_letters,
+            "missing_windows": self.missing_windows,
+            "mismatch_count": self.mismatch_count,
+            "mismatches": [
+                {"window": w, "key": k.decode("utf-8", "replace"), "recount": c, "result": r}
+                for w, k, c, r in self.mismatches
+            ],
+        }
+
+    def lines(self) -> list[str]:
+        scope = f"({self.windows} windows, {self.keys} keys)"
+        if self.exact:
+            head = f"exact: every (key, window) count equals the recount {scope}"
+        else:
+            head = (
+                f"NOT exact: {self.mismatch_count} (key, window) count(s) differ from the "
+                f"recount {scope}"
+            )
+        out = [head]
+        out += [
+            f"  window {window} key {key!r}: recount {expected}, result {got}"
+            for window, key, expected, got in self.mismatches
+        ]
+        if self.missing_windows:
+            out.append(f"  windows not final: {self.missing_windows[:10]}")
+        out.append(
+            f"  records: recounted {self.recounted:,}, results {self.result_records:,}; "
+            f"late {self.late:,} (run reported {self.run_late:,}); not extractable "
+            f"{self.invalid:,} (run's dead letters {self.run_dead_letters:,})"
+        )
+        return out
+
+
+@dataclass(frozen=True)
+class ExtractWindows:
+    """The function each Spark task of the recount runs (``mapInArrow``): the run's extractor
+    over Arrow batches of ``partition, offset, key, value, timestamp_ms``."""
+
+    extractor: Extractor
+    window_ms: int
+
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if not batch.num_rows:
+                continue
+            extracted = self.extractor.extract(
+                batch.column("value"),
+                batch.column("key"),
+                batch.column("timestamp_ms").to_numpy(zero_copy_only=False),
+            )
+            valid = extracted.reasons < 0
+            windows = records.window_start(extracted.event_time_ms, self.window_ms)
+            yield pa.RecordBatch.from_arrays(
+                [
+                    batch.column("partition"),
+                    batch.column("offset"),
+                    pa.array(extracted.keys.to_list(), pa.binary()),
+                    pa.array(np.where(valid, windows, 0), pa.int64()),
+                    pa.array(valid),
+                ],
+                names=["partition", "offset", "key", "window", "valid"],
+            )
+
+
+def consumed_offsets(bootstrap: str, names: kafka_io.RunNames, topic: str) -> dict[int, int]:
+    """Per partition of ``topic``: the offset the run's grouping source committed (the next it
+    would read), i.e. where what the run read ends."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    partitions = kafka_io.topic_partitions(bootstrap, topic)
+    if partitions is None:
+        raise kafka_io.KafkaIOError(f"kafka: no topic {topic!r} to recount")
+    ends: dict[int, int] = {}
+    for source in range(partitions):
+        consumer = Consumer(kafka_io.consumer_config(bootstrap, names.consumer_group(source)))
+        try:
+            tp = TopicPartition(topic, source)
+            committed = kafka_io.committed_offset(consumer, tp).offset
+            low = consumer.get_watermark_offsets(tp, timeout=30)[0]
+        finally:
+            consumer.close()
+        ends[source] = max(committed, low)
+    return ends
+
+
+def reported_late(bootstrap: str, names: kafka_io.RunNames) -> list[tuple[int, int]]:
+    """(partition, offset) of every input record the run sent to its ``late`` topic."""
+    if kafka_io.topic_partitions(bootstrap, names.late_topic) is None:
+        return []
+    stored = kafka_io.read_topic(bootstrap, names.late_topic)
+    return sorted(
+        {
+            (int(doc["partition"]), int(doc["offset"]))
+            for doc in (json.loads(record.value or b"{}") for record in stored)
+        }
+    )
+
+
+def recount(
+    spark: SparkSession,
+    bootstrap: str,
+    topic: str,
+    extractor: Extractor,
+    window_ms: int,
+    ends: dict[int, int],
+    late: list[tuple[int, int]],
+) -> tuple[dict[int, dict[bytes, int]], int, int, int]:
+    """Counts per window and key of ``topic`` up to ``ends``, without the ``late`` records:
+    (counts, records counted, late records left out, records not extractable)."""
+    from pyspark.sql import functions
+
+    if not any(ends.values()):
+        return {}, 0, 0, 0
+    frame = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", json.dumps({topic: {str(p): e for p, e in ends.items()}}))
+        .load()
+        .select(
+            "partition",
+            "offset",
+            "key",
+            "value",
+            functions.expr("unix_millis(timestamp)").alias("timestamp_ms"),
+        )
+        .mapInArrow(ExtractWindows(extractor, window_ms), RECOUNT_SCHEMA)
+        .cache()
+    )
+    invalid = frame.filter(~functions.col("valid")).count()
+    valid = frame.filter("valid")
+    late_frame = spark.createDataFrame(late, "partition int, offset long")
+    kept = valid.join(late_frame, ["partition", "offset"], "left_anti")
+    left_out = valid.count() - kept.count()
+    counts: dict[int, dict[bytes, int]] = {}
+    total = 0
+    for row in kept.groupBy("window", "key").count().collect():
+        counts.setdefault(int(row["window"]), {})[bytes(row["key"])] = int(row["count"])
+        total += int(row["count"])
+    frame.unpersist()
+    return counts, total, left_out, invalid
+
+
+def verify_recount(
+    spark: SparkSession,
+    store: StateStore,
+    bootstrap: str,
+    names: kafka_io.RunNames,
+    topic: str,
+    extractor: Extractor,
+    window_ms: int,
+) -> RecountVerification:
+    """Recount ``topic`` as the run read it and compare with the run's final results."""
+    ends = consumed_offsets(bootstrap, names, topic)
+    late = reported_late(bootstrap, names)
+    counts, total, left_out, invalid = recount(
+        spark, bootstrap, topic, extractor, window_ms, ends, late
+    )
+    final = set(store.final_windows())
+    mismatches: list[tuple[int, bytes, int, int]] = []
+    mismatch_count = 0
+    result_records = 0
+    keys: set[bytes] = set()
+    for window in sorted(set(counts) | final):
+        expected = counts.get(window, {})
+        got = store.result(window) if window in final else {}
+        result_records += sum(got.values())
+        keys.update(expected, got)
+        for key in sorted(set(expected) | set(got)):
+            if expected.get(key, 0) != got.get(key, 0):
+                mismatch_count += 1
+                if len(mismatches) < MAX_REPORTED:
+                    mismatches.append((window, key, expected.get(key, 0), got.get(key, 0)))
+    client = store.client
+    run_late = sum(int(v) for v in client.hvals(names.redis_key("stats", "late_input")))
+    run_dead = sum(int(v) for v in client.hvals(names.redis_key("stats", "dead_letters")))
+    return RecountVerification(
+        windows=len(set(counts) | final),
+        keys=len(keys),
+        recounted=total,
+        result_records=result_records,
+        late=left_out,
+        run_late=run_late,
+        invalid=invalid,
+        run_dead_letters=run_dead,
+        missing_windows=sorted(set(counts) - final),
+        mismatches=mismatches,
+        mismatch_count=mismatch_count,
+    )

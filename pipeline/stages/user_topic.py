@@ -1,0 +1,246 @@
+"""A user's own topic as the grouping stage's input: keys and times from the records, a
+watermark from the data, and late records kept rather than dropped.
+
+Layer: stages.
+
+``skewer group --input-topic T --key ... --time ...`` reads topic T as it is: JSON, CSV or plain
+bytes, keyed and timed by the user's own fields (:mod:`pipeline.io.extractors`). Source ``s``
+reads partition ``s`` of T, so a topic of P partitions is P sources. What changes against
+skewer's own format (:mod:`pipeline.stages.grouping`) is only where a record's key and event
+time come from and where its watermark comes from; routing, the ``work`` topic, the workers
+and the exactly-once transaction are the same. Each routed record's ``work`` value is the
+36-byte header (event time, input partition and offset, source, routing-table version)
+followed by the user's value, byte for byte (:func:`pipeline.io.records.work_headers`).
+
+The watermark (:class:`DataWatermark`) is what Flink's ``forBoundedOutOfOrderness`` and
+Spark's ``withWatermark`` define: the highest event time the source has seen minus a bound,
+``--max-out-of-order`` (5 s by default). A record whose window has closed by the time it is
+read -- its window's last millisecond plus ``--lateness-ms`` is at or below the watermark the
+source already forwarded -- is late (:func:`late_rows`): the workers may have merged that window
+already, so it is not routed. It is written, whole and with its reason, to the run's ``late``
+topic and counted (``stats:late_input``, ``skewer_grouping_late_records_total``, the run
+summary). Since the workers' watermark is the minimum over the sources of what each forwarded,
+a record that is not late at its source is always counted before its window closes: lateness is
+decided in one place, so late records are accounted for exactly.
+
+An idle source must not hold every window open: a partition that gets no records (a quiet
+producer, or no records at all) would keep the minimum down forever. After ``--idle-timeout``
+(10 s by default; 0 = never) without a record, the source raises its watermark to the highest
+one any other source forwarded (``sources:watermark`` in Redis). That leaves the workers' minimum
+as if the idle source were not there (Flink marks such a source idle for the same reason), and
+a record it reads later, older than what it forwarded, is late by the rule above, not lost.
+
+A bounded run (``--until-end``) reads what the topic holds when the run starts, like Spark's
+``availableNow`` trigger: each source notes its partition's end offset (kept in the committed
+offset's metadata, so a restart keeps the same end) and forwards END_OF_STREAM once its
+position reaches it.
+
+Example (a source's watermark and which records are late):
+    >>> import numpy as np
+    >>> watermark = DataWatermark(bound_ms=5_000)
+    >>> times = np.array([12_000, 31_000, 20_000, 5_000, 19_999, 25_000])
+    >>> late_rows(times, np.ones(6, dtype=bool), watermark, window_ms=10_000,
+    ...           lateness_ms=0).tolist()
+    [False, False, False, True, True, False]
+    >>> watermark.observe(times)
+    >>> watermark.advance()
+    26000
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from pipeline.io import extractors
+from pipeline.io.extractors import Extractor
+from pipeline.io.kafka_io import RunNames
+from pipeline.io.records import END_OF_STREAM, window_start
+
+#: "No watermark yet": nothing seen and nothing forwarded.
+NO_WATERMARK = int(np.iinfo(np.int64).min)
+DEFAULT_MAX_OUT_OF_ORDER_MS = 5_000
+DEFAULT_IDLE_TIMEOUT_MS = 10_000
+
+
+@dataclass(frozen=True)
+class UserTopic:
+    """How the grouping stage reads a user's topic; picklable, like the stage's config."""
+
+    topic: str
+    extractor: Extractor
+    max_out_of_order_ms: int = DEFAULT_MAX_OUT_OF_ORDER_MS
+    idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS
+    window_ms: int = 10_000
+    lateness_ms: int = 0
+
+    def validate(self) -> None:
+        """ValueError with one line for the user unless every setting makes sense."""
+        if not self.topic:
+            raise ValueError("--input-topic names no topic")
+        if self.max_out_of_order_ms < 0:
+            raise ValueError(f"--max-out-of-order must be >= 0, got {self.max_out_of_order_ms}")
+        if self.idle_timeout_ms < 0:
+            raise ValueError(f"--idle-timeout must be >= 0, got {self.idle_timeout_ms}")
+        if self.window_ms < 1 or self.lateness_ms < 0:
+            raise ValueError("--window-ms must be >= 1 and --lateness-ms >= 0")
+
+
+def describe(topic: UserTopic, names: RunNames) -> str:
+    """JSON of how a run reads ``topic`` (kept in Redis as ``input``; :func:`restore`)."""
+    spec = topic.extractor
+    return json.dumps(
+        {
+            "topic": topic.topic,
+            "topic_prefix": names.topic_prefix,
+            "key": spec.key.text,
+            "time": spec.time.text,
+            "max_out_of_order_ms": topic.max_out_of_order_ms,
+            "idle_timeout_ms": topic.idle_timeout_ms,
+            "window_ms": topic.window_ms,
+            "lateness_ms": topic.lateness_ms,
+        }
+    )
+
+
+def restore(text: str | bytes) -> tuple[UserTopic, str]:
+    """Inverse of :func:`describe`: the run's :class:`UserTopic` and its topic prefix."""
+    state = json.loads(text)
+    extractor = Extractor(
+        key=extractors.parse_key(state["key"]), time=extractors.parse_time(state["time"])
+    )
+    topic = UserTopic(
+        topic=state["topic"],
+        extractor=extractor,
+        max_out_of_order_ms=int(state["max_out_of_order_ms"]),
+        idle_timeout_ms=int(state["idle_timeout_ms"]),
+        window_ms=int(state["window_ms"]),
+        lateness_ms=int(state["lateness_ms"]),
+    )
+    return topic, str(state["topic_prefix"])
+
+
+@dataclass
+class DataWatermark:
+    """One source's watermark on a user's topic: highest event time seen minus a bound."""
+
+    bound_ms: int
+    max_event: int = NO_WATERMARK
+    #: Raised to other sources' watermark while this source is idle.
+    floor: int = NO_WATERMARK
+    forwarded: int = NO_WATERMARK
+    #: Bounded runs: the partition's end offset when the run began (-1: unbounded).
+    end_offset: int = -1
+    finished: bool = field(default=False)
+
+    def observe(self, event_time_ms: np.ndarray) -> None:
+        if event_time_ms.shape[0]:
+            self.max_event = max(self.max_event, int(event_time_ms.max()))
+
+    def raise_to(self, floor: int) -> None:
+        self.floor = max(self.floor, int(floor))
+
+    def finish(self) -> None:
+        """The source read everything it will read: close every window."""
+        self.finished = True
+
+    def current(self) -> int:
+        if self.finished:
+            return int(END_OF_STREAM)
+        seen = self.max_event - self.bound_ms if self.max_event != NO_WATERMARK else NO_WATERMARK
+        return max(seen, self.floor)
+
+    def advance(self) -> int | None:
+        """The watermark to forward now (and remember as forwarded), or None if unchanged."""
+        now = self.current()
+        if now > self.forwarded:
+            self.forwarded = now
+            return now
+        return None
+
+    @property
+    def ended(self) -> bool:
+        return self.forwarded == END_OF_STREAM
+
+    def to_metadata(self) -> str:
+        state = {"m": self.max_event, "l": self.floor, "f": self.forwarded, "e": self.end_offset}
+        return json.dumps(state, separators=(",", ":"))
+
+    def restored(self, text: str | None) -> DataWatermark:
+        """This (fresh) watermark with the state a committed offset's metadata holds."""
+        if not text:
+            return self.copy()
+        state = json.loads(text)
+        return replace(
+            self,
+            max_event=int(state["m"]),
+            floor=int(state["l"]),
+            forwarded=int(state["f"]),
+            end_offset=int(state.get("e", -1)),
+            finished=int(state["f"]) == END_OF_STREAM,
+        )
+
+    def copy(self) -> DataWatermark:
+        return replace(self)
+
+
+def late_rows(
+    event_time_ms: np.ndarray,
+    valid: np.ndarray,
+    watermark: DataWatermark,
+    window_ms: int,
+    lateness_ms: int,
+) -> np.ndarray:
+    """Mask of the ``valid`` records that are late: each record's window closed at the
+    source's watermark just before it.
+
+    The aggregator closes window ``[start, start + L)`` once the workers' watermark reaches
+    ``start + L - 1 + lateness`` (:func:`operators.windows.closable_windows`). The watermark
+    before record i is the one the source forwarded (or adopted while idle), raised by the
+    highest event time of the records before i minus the bound: record by record, as if a
+    marker followed every record, so whether a record is late depends on the stream's order
+    only, never on where a batch happened to end. It is never below what was forwarded, so a
+    record that is not late reaches its worker before its window can close.
+    """
+    n = event_time_ms.shape[0]
+    times = np.where(valid, event_time_ms, NO_WATERMARK).astype(np.int64)
+    seen = np.maximum.accumulate(np.concatenate(([watermark.max_event], times[: n - 1])))
+    bounded = np.where(seen == NO_WATERMARK, NO_WATERMARK, seen - watermark.bound_ms)
+    before = np.maximum(bounded, max(watermark.forwarded, watermark.floor))
+    closes = window_start(event_time_ms, window_ms) + (window_ms - 1 + lateness_ms)
+    return valid & (before != NO_WATERMARK) & (closes <= before)
+
+
+def late_value(
+    *,
+    event_time_ms: int,
+    window_ms: int,
+    watermark: int,
+    key: bytes,
+    value: bytes | None,
+    topic: str,
+    partition: int,
+    offset: int,
+) -> bytes:
+    """The JSON value of a record in the ``late`` topic (its Kafka key is the original key)."""
+    start = int(window_start(np.array([event_time_ms]), window_ms)[0])
+    record: dict[str, Any] = {
+        "reason": "late",
+        "detail": (
+            f"event time {event_time_ms} ms is in window [{start}, {start + window_ms}), "
+            f"closed at watermark {watermark}"
+        ),
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "event_time_ms": event_time_ms,
+        "window": start,
+        "watermark": watermark,
+        "key_b64": base64.b64encode(key).decode("ascii"),
+        "value_b64": base64.b64encode(value).decode("ascii") if value is not None else None,
+    }
+    return json.dumps(record).encode()

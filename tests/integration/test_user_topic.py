@@ -1,0 +1,304 @@
+"""Your own topic (issue 15): streams skewer did not write, grouped live and verified exactly.
+
+Two streams, each produced here by a plain client, never by skewer's producer:
+
+- **JSON**, written by Apache Kafka's own console producer (a Java client: the jars of the
+  native broker, ``org.apache.kafka.tools.ConsoleProducer``), keyed by a string field
+  ``user`` and timed by an ISO-8601 field ``ts``; some records are out of order within the
+  bound (5 s), some far beyond it, and some cannot be read (not JSON, no ``user``, a ``ts``
+  that is no time);
+- **plain bytes** keyed by the Kafka key and timed by the Kafka timestamp (confluent-kafka
+  with explicit timestamps), again with records out of order, late ones, and records without
+  a key.
+
+Each stream runs under pkg and under mixed (a routing-table scheme: the controller runs),
+reading what the topic holds (a bounded run). Every run must pass the Spark batch recount
+(``verify --recount``'s check) and, independently, equal the counts computed here from the
+records as the broker stored them; the late records and the dead letters must be exactly the
+ones injected, the late ones decided by the rule written out below, record by record.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pytest
+from live_runs import shared_spark_run
+
+from pipeline.io import config, kafka_io
+from pipeline.runs.plan import RunPlan, new_run_id
+from pipeline.runs.summary import RunSummary
+
+pytestmark = pytest.mark.integration
+
+WORKERS = 4
+PARTITIONS = 2
+WINDOW_MS = 10_000
+BOUND_MS = 5_000
+#: A day ago, on a window boundary: brokers refuse Kafka timestamps more than an hour ahead
+#: (``log.message.timestamp.after.max.ms``), so the stream lies in the past.
+START_MS = (int(time.time() * 1000) - 86_400_000) // 60_000 * 60_000
+RECORDS = 12_000
+
+
+@dataclass
+class Expected:
+    """What a run must produce: counts per window and key, late and dead-lettered records."""
+
+    counts: dict[int, Counter[bytes]]
+    late: int
+    dead_letters: Counter[str]
+
+
+def event_times(rng: np.random.Generator, n: int) -> list[int]:
+    """5 ms apart; every 10th up to 3 s back (within the bound), every 500th 30 s back."""
+    times = []
+    for i in range(n):
+        t = START_MS + 5 * i
+        if i % 10 == 7:
+            t -= int(rng.integers(0, 3_000))
+        if i % 500 == 250:
+            t -= 30_000
+        times.append(t)
+    return times
+
+
+def expected_from_topic(kafka: str, topic: str, parse: Any, window_ms: int = WINDOW_MS) -> Expected:
+    """The counts, late records and dead letters the stored topic implies, partition by
+    partition in offset order: ``parse(record)`` gives (key, time) or a dead-letter reason.
+    A record is late when its window's end is at or below the watermark before it: the
+    highest event time of the partition's readable records before it minus the bound."""
+    counts: dict[int, Counter[bytes]] = {}
+    dead: Counter[str] = Counter()
+    late = 0
+    highest: dict[int, int] = {}
+    for record in kafka_io.read_topic(kafka, topic):
+        parsed = parse(record)
+        if isinstance(parsed, str):
+            dead[parsed] += 1
+            continue
+        key, t = parsed
+        window = t // window_ms * window_ms
+        seen = highest.get(record.partition)
+        if seen is not None and window + window_ms - 1 <= seen - BOUND_MS:
+            late += 1
+        else:
+            counts.setdefault(window, Counter())[key] += 1
+        highest[record.partition] = t if seen is None else max(seen, t)
+    return Expected(counts, late, dead)
+
+
+# --- the JSON stream, by Kafka's console producer ----------------------------------------------
+
+
+def json_lines() -> list[str]:
+    """``key|value`` lines for the console producer (``parse.key``)."""
+    rng = np.random.default_rng(3)
+    lines = []
+    for i, t in enumerate(event_times(rng, RECORDS)):
+        user = f"u{int(rng.zipf(1.3)) % 500}"
+        stamp = datetime.fromtimestamp(t / 1000, UTC).isoformat(timespec="milliseconds")
+        value: str = json.dumps({"user": user, "ts": stamp.replace("+00:00", "Z"), "n": i})
+        if i % 997 == 500:
+            value = "not json {"
+        elif i % 1499 == 700:
+            value = json.dumps({"name": user, "ts": stamp})
+        elif i % 1999 == 900:
+            value = json.dumps({"user": user, "ts": "yesterday"})
+        lines.append(f"{user}|{value}")
+    return lines
+
+
+def parse_json(record: kafka_io.StoredRecord) -> tuple[bytes, int] | str:
+    try:
+        doc = json.loads(record.value or b"")
+    except ValueError:
+        return "undecodable-value"
+    if not isinstance(doc.get("user"), str):
+        return "no-key"
+    try:
+        stamp = datetime.fromisoformat(doc["ts"].replace("Z", "+00:00"))
+    except ValueError:
+        return "bad-time"
+    return doc["user"].encode(), round(stamp.timestamp() * 1000)
+
+
+def console_produce(settings: config.Settings, topic: str, lines: list[str]) -> None:
+    command = [
+        "java",
+        "-cp",
+        f"{settings.kafka_libs_dir}/*",
+        "org.apache.kafka.tools.ConsoleProducer",
+        "--bootstrap-server",
+        settings.kafka_bootstrap,
+        "--topic",
+        topic,
+        "--property",
+        "parse.key=true",
+        "--property",
+        "key.separator=|",
+    ]
+    done = subprocess.run(
+        command, input="\n".join(lines) + "\n", text=True, capture_output=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+# --- the bytes stream, by a plain confluent-kafka producer -------------------------------------
+
+
+def produce_bytes(settings: config.Settings, topic: str) -> None:
+    from confluent_kafka import Producer
+
+    rng = np.random.default_rng(4)
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "linger.ms": 20})
+    for i, t in enumerate(event_times(rng, RECORDS)):
+        key = None if i % 1201 == 600 else f"url-{int(rng.zipf(1.2)) % 800}".encode()
+        value = rng.bytes(int(rng.integers(0, 64)))
+        producer.produce(topic, value, key, partition=i % PARTITIONS, timestamp=t)
+        if i % 5_000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def parse_bytes(record: kafka_io.StoredRecord) -> tuple[bytes, int] | str:
+    if not record.key:
+        return "no-key"
+    return record.key, record.timestamp_ms
+
+
+# --- the runs ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    plan: RunPlan
+    summary: RunSummary
+    results: dict[int, dict[bytes, int]]
+    late_topic: int
+    dead_letter_reasons: Counter[str]
+    cli_verify: str | None = None
+
+
+def run_on_topic(
+    settings: config.Settings, spark: Any, plan: RunPlan, *, cli_verify: bool = False
+) -> Outcome:
+    with shared_spark_run(plan, settings, spark) as pipeline:
+        store = pipeline.store
+        summary = pipeline.summary()
+        results = {w: store.result(w) for w in store.final_windows()}
+        names = plan.names
+        late_topic = len(kafka_io.read_topic(settings.kafka_bootstrap, names.late_topic))
+        dead = Counter(
+            json.loads(r.value or b"{}")["reason"]
+            for r in kafka_io.read_topic(settings.kafka_bootstrap, names.dead_letters_topic)
+        )
+        verified = None
+        if cli_verify:
+            done = subprocess.run(
+                [sys.executable, "-m", "pipeline.cli", "verify", "--run-id", plan.run_id,
+                 "--recount"],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+            verified = done.stdout
+    return Outcome(plan, summary, results, late_topic, dead, verified)
+
+
+def plans_for(topic: str, key: str, time_spec: str, tag: str) -> list[RunPlan]:
+    return [
+        RunPlan(
+            scheme=scheme,
+            records=RECORDS,
+            workers=WORKERS,
+            sources=PARTITIONS,
+            window_ms=WINDOW_MS,
+            input_topic=topic,
+            key=key,
+            time=time_spec,
+            max_out_of_order_ms=BOUND_MS,
+            run_id=f"own-{tag}-{scheme}-{new_run_id()[5:]}",
+        )
+        for scheme in ("pkg", "mixed")
+    ]
+
+
+def check(outcome: Outcome, expected: Expected) -> None:
+    summary = outcome.summary
+    verification = summary.verification
+    assert verification.exact, "\n".join(verification.lines())
+    assert outcome.results == {w: dict(c) for w, c in expected.counts.items()}
+    assert summary.late_records == outcome.late_topic == expected.late > 0
+    assert outcome.dead_letter_reasons == expected.dead_letters
+    assert summary.dead_letter_reasons == dict(expected.dead_letters)
+    counted = sum(sum(c.values()) for c in expected.counts.values())
+    assert summary.records_processed == counted
+    assert counted + expected.late + sum(expected.dead_letters.values()) == RECORDS
+
+
+def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(
+    settings: config.Settings, spark: Any, create_topic: Any, topic_name: str
+) -> None:
+    topic = create_topic(topic_name, PARTITIONS)
+    console_produce(settings, topic, json_lines())
+    expected = expected_from_topic(settings.kafka_bootstrap, topic, parse_json)
+    assert expected.dead_letters == Counter({"undecodable-value": 12, "no-key": 8, "bad-time": 6})
+    plans = plans_for(topic, "json:user", "json:ts:iso", "json")
+    with ThreadPoolExecutor(len(plans)) as pool:
+        outcomes = list(
+            pool.map(
+                lambda p: run_on_topic(settings, spark, p, cli_verify=p.scheme == "pkg"), plans
+            )
+        )
+    for outcome in outcomes:
+        check(outcome, expected)
+    cli = next(o.cli_verify for o in outcomes if o.cli_verify is not None)
+    assert cli.startswith("exact: every (key, window) count equals the recount")
+
+
+def test_a_bytes_topic_keyed_and_timed_by_kafka_is_grouped_exactly(
+    settings: config.Settings, spark: Any, create_topic: Any, topic_name: str
+) -> None:
+    topic = create_topic(topic_name, PARTITIONS)
+    produce_bytes(settings, topic)
+    expected = expected_from_topic(settings.kafka_bootstrap, topic, parse_bytes)
+    assert expected.dead_letters == Counter({"no-key": 10})
+    plans = plans_for(topic, "kafka-key", "kafka-timestamp", "bytes")
+    with ThreadPoolExecutor(len(plans)) as pool:
+        outcomes = list(pool.map(lambda p: run_on_topic(settings, spark, p), plans))
+    for outcome in outcomes:
+        check(outcome, expected)
+
+
+# --- bad settings ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--key", "json:"], "--key json: names no field"),
+        (["--time", "json:ts:minutes"], "unknown time unit 'minutes'"),
+        (["--max-out-of-order", "5 parsecs"], "--max-out-of-order '5 parsecs': not a duration"),
+        ([], "no such topic"),
+    ],
+)
+def test_bad_settings_fail_at_start_with_one_line_and_exit_2(
+    settings: config.Settings, flags: list[str], message: str
+) -> None:
+    command = [sys.executable, "-m", "pipeline.cli", "group", "--workers", "2"]
+    command += ["--input-topic", f"no-such-topic-{new_run_id()[5:]}", *flags]
+    command += ["--run-id", f"bad-{new_run_id()[5:]}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("skewer group: error:"), done.stderr
+    assert message in lines[0]
