@@ -16,6 +16,9 @@ reading what the topic holds (a bounded run). Every run must pass the Spark batc
 (``verify --recount``'s check) and, independently, equal the counts computed here from the
 records as the broker stored them; the late records and the dead letters must be exactly the
 ones injected, the late ones decided by the rule written out below, record by record.
+
+Then an idle partition (its source adopts the other's watermark after the idle timeout) and
+bad settings (one line, exit 2).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -302,3 +306,84 @@ def test_bad_settings_fail_at_start_with_one_line_and_exit_2(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("skewer group: error:"), done.stderr
     assert message in lines[0]
+
+
+# --- an idle partition -------------------------------------------------------------------------
+
+
+def test_an_idle_partition_stops_holding_windows_open(
+    settings: config.Settings, redis: Any, create_topic: Any, topic_name: str
+) -> None:
+    """Partition 0 gets records, partition 1 none. After the idle timeout (1 s here) source 1
+    adopts the watermark source 0 forwarded and forwards it too, so the workers' minimum over
+    the sources moves on; a record partition 1 gets afterwards, older than that watermark, is
+    late (the late topic), not lost."""
+    from confluent_kafka import Producer
+
+    from pipeline.io import extractors
+    from pipeline.io.records import Kind, decode_work
+    from pipeline.stages import grouping
+    from pipeline.stages.user_topic import UserTopic
+
+    topic = create_topic(topic_name, PARTITIONS)
+    tag = new_run_id()[5:]
+    names = kafka_io.RunNames(f"idle-{tag}", f"idle-{tag}-")
+    spec = UserTopic(
+        topic=topic,
+        extractor=extractors.Extractor(
+            key=extractors.parse_key("kafka-key"), time=extractors.parse_time("kafka-timestamp")
+        ),
+        max_out_of_order_ms=1_000,
+        idle_timeout_ms=1_000,
+    )
+    stage = grouping.StageConfig(
+        bootstrap=settings.kafka_bootstrap,
+        redis_url=settings.redis_url,
+        names=names,
+        scheme="pkg",
+        n_workers=2,
+        n_sources=PARTITIONS,
+        input=spec,
+    )
+    grouping.prepare(stage)
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+    for i in range(300):  # 30 s of event time
+        producer.produce(
+            topic, b"v", f"k{i % 7}".encode(), partition=0, timestamp=START_MS + 100 * i
+        )
+    assert producer.flush(30) == 0
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=grouping.run_source, args=(stage, s, stop.is_set), daemon=True)
+        for s in range(PARTITIONS)
+    ]
+    for thread in threads:
+        thread.start()
+    forwarded = names.redis_key("sources", "watermark")
+    expected = START_MS + 100 * 299 - 1_000
+    try:
+        deadline = time.monotonic() + 60
+        while redis.hget(forwarded, 1) is None:
+            assert time.monotonic() < deadline, "the idle source never adopted a watermark"
+            time.sleep(0.2)
+        assert int(redis.hget(forwarded, 0)) == int(redis.hget(forwarded, 1)) == expected
+        producer.produce(topic, b"v", b"old", partition=1, timestamp=START_MS)
+        assert producer.flush(30) == 0
+        while not redis.hget(names.redis_key("stats", "late_input"), 1):
+            assert time.monotonic() < deadline, "the old record was not reported late"
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        work = kafka_io.read_topic(settings.kafka_bootstrap, names.work_topic)
+        late = kafka_io.read_topic(settings.kafka_bootstrap, names.late_topic)
+        kafka_io.delete_topics(
+            settings.kafka_bootstrap,
+            [names.work_topic, names.dead_letters_topic, names.late_topic, names.results_topic],
+        )
+    decoded, ok = decode_work([r.value for r in work])
+    marks = ok & (decoded["kind"] == Kind.WATERMARK) & (decoded["source"] == 1)
+    assert {int(t) for t in decoded["event_time_ms"][marks]} == {expected}
+    assert {r.partition for r, m in zip(work, marks.tolist(), strict=True) if m} == {0, 1}
+    assert [json.loads(r.value or b"{}")["partition"] for r in late] == [1]
