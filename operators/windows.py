@@ -62,6 +62,8 @@ class WindowCounts:
     windows: np.ndarray  # int64 window starts, one per pair
     keys: KeyBatch  # the key of each pair
     counts: np.ndarray  # int64 records per pair
+    #: int64 sum of the records' amounts per pair, when amounts were given.
+    sums: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.windows.shape[0]
@@ -72,9 +74,13 @@ class WindowCounts:
 
 
 def count_per_window_key(
-    keys: KeyBatch, window_starts: np.ndarray, key_ids: np.ndarray | None = None
+    keys: KeyBatch,
+    window_starts: np.ndarray,
+    key_ids: np.ndarray | None = None,
+    amounts: np.ndarray | None = None,
 ) -> WindowCounts:
-    """Count records per (window, key), vectorized over the whole batch.
+    """Count records per (window, key), and sum their int64 ``amounts`` if given, vectorized
+    over the whole batch.
 
     Records are grouped by (window, 64-bit key fingerprint) with one sort; each group is then
     checked byte for byte against its first record, so a fingerprint collision cannot merge two
@@ -85,9 +91,14 @@ def count_per_window_key(
     windows = np.asarray(window_starts, dtype=np.int64)
     if windows.shape != (n,):
         raise ValueError(f"need one window start per key: {windows.shape} vs {n} keys")
+    if amounts is not None:
+        amounts = np.asarray(amounts, dtype=np.int64)
+        if amounts.shape != (n,):
+            raise ValueError(f"need one amount per key: {amounts.shape} vs {n} keys")
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return WindowCounts(empty, KeyBatch.from_bytes([]), empty.copy())
+        sums = None if amounts is None else empty.copy()
+        return WindowCounts(empty, KeyBatch.from_bytes([]), empty.copy(), sums)
     ids = keys.key_ids() if key_ids is None else np.asarray(key_ids, dtype=np.int64)
     order = np.lexsort((ids, windows))
     sorted_windows = windows[order]
@@ -100,9 +111,10 @@ def count_per_window_key(
     first_of_group = order[group_starts]
     representative = first_of_group[np.cumsum(starts_group) - 1]
     if not _same_keys(keys.take(order), keys.take(representative)):
-        return _count_by_bytes(keys, windows)
+        return _count_by_bytes(keys, windows, amounts)
     counts = np.diff(np.append(group_starts, n)).astype(np.int64)
-    return WindowCounts(windows[first_of_group], keys.take(first_of_group), counts)
+    sums = None if amounts is None else np.add.reduceat(amounts[order], group_starts)
+    return WindowCounts(windows[first_of_group], keys.take(first_of_group), counts, sums)
 
 
 def _same_keys(left: KeyBatch, right: KeyBatch) -> bool:
@@ -110,14 +122,22 @@ def _same_keys(left: KeyBatch, right: KeyBatch) -> bool:
     return np.array_equal(left.offsets, right.offsets) and np.array_equal(left.data, right.data)
 
 
-def _count_by_bytes(keys: KeyBatch, windows: np.ndarray) -> WindowCounts:
+def _count_by_bytes(
+    keys: KeyBatch, windows: np.ndarray, amounts: np.ndarray | None
+) -> WindowCounts:
     """The exact fallback after a fingerprint collision: group on the bytes themselves."""
-    counted = Counter(zip(windows.tolist(), keys.to_list(), strict=True))
+    rows = list(zip(windows.tolist(), keys.to_list(), strict=True))
+    counted = Counter(rows)
+    summed: Counter[tuple[int, bytes]] = Counter()
+    if amounts is not None:
+        for row, amount in zip(rows, amounts.tolist(), strict=True):
+            summed[row] += amount
     pairs = sorted(counted)
     return WindowCounts(
         np.array([window for window, _ in pairs], dtype=np.int64),
         KeyBatch.from_bytes([key for _, key in pairs]),
         np.array([counted[pair] for pair in pairs], dtype=np.int64),
+        None if amounts is None else np.array([summed[p] for p in pairs], dtype=np.int64),
     )
 
 
@@ -142,7 +162,7 @@ def closable_windows(
 
 
 def merge_partials(partials: Sequence[Mapping[bytes, int]]) -> dict[bytes, int]:
-    """Final count per key: the sum of its partial counts over the workers that hold it."""
+    """Final count (or sum) per key: the sum of its partials over the workers that hold it."""
     merged: Counter[bytes] = Counter()
     for partial in partials:
         merged.update(partial)

@@ -13,7 +13,9 @@ so partition w is still worker w.
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -77,3 +79,19 @@ def shared_spark_run(
         assert not worker.is_alive(), f"{plan.run_id}: the worker job did not finish"
         pipeline.wait([s for s in others if s not in ("produce", "group")], timeout=120)
         yield pipeline
+
+
+def wait_for(pipeline: Pipeline, condition: Any, what: str, timeout: float = 120.0) -> None:
+    """Poll the run's progress until ``condition(progress)``; a stage that died fails at once."""
+    deadline = time.monotonic() + timeout
+    while not condition(pipeline.progress()):
+        pipeline.check()
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a service of a test's own)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -18,9 +18,11 @@ def batch(
     marks: Mapping[int, int] | None = None,
     latency: Mapping[int, int] | None = None,
     switches: Mapping[int, int] | None = None,
+    sums: Mapping[tuple[int, bytes], int] | None = None,
 ) -> WorkerBatch:
     """Batch ``batch_id`` of ``worker``: ``counts`` per (window, key), each source's highest
-    watermark (``marks``) and table switch (``switches``), a latency histogram."""
+    watermark (``marks``) and table switch (``switches``), a latency histogram, and for a run
+    with ``--sum`` the sum per (window, key) of ``counts`` (``sums``, millionths)."""
     pairs = sorted(counts)
     return WorkerBatch(
         worker=worker,
@@ -32,4 +34,5 @@ def batch(
         records=sum(counts.values()),
         latency=dict(latency or {}),
         source_versions=dict(switches or {}),
+        sums=None if sums is None else np.array([sums[p] for p in pairs], dtype=np.int64),
     )

@@ -130,7 +130,7 @@ def add_input_topic_arguments(parser: argparse.ArgumentParser) -> None:
     default is an environment variable, so a compose file can set them."""
     group = parser.add_argument_group(
         "your own topic (instead of skewer's producers; defaults from SKEWER_INPUT_TOPIC, "
-        "SKEWER_KEY, SKEWER_TIME, SKEWER_MAX_OUT_OF_ORDER, SKEWER_IDLE_TIMEOUT)"
+        "SKEWER_KEY, SKEWER_TIME, SKEWER_SUM, SKEWER_MAX_OUT_OF_ORDER, SKEWER_IDLE_TIMEOUT)"
     )
     env = os.environ.get
     group.add_argument(
@@ -151,6 +151,12 @@ def add_input_topic_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="where the event time is: kafka-timestamp | json:FIELD[:ms|s|iso] | "
         "csv:N[:ms|s|iso] (default kafka-timestamp)",
+    )
+    group.add_argument(
+        "--sum",
+        default=env("SKEWER_SUM") or None,
+        metavar="SPEC",
+        help="also sum this number per (key, window): json:FIELD | csv:N (exact to 6 decimals)",
     )
     group.add_argument(
         "--max-out-of-order",
@@ -176,10 +182,16 @@ def user_topic_from_args(
     from pipeline.stages.user_topic import UserTopic
 
     if not args.input_topic:
+        if args.sum:
+            raise UsageError(
+                f"--sum {args.sum} needs --input-topic: skewer's own records carry no amount"
+            )
         return None
     try:
         extractor = extractors.Extractor(
-            key=extractors.parse_key(args.key), time=extractors.parse_time(args.time)
+            key=extractors.parse_key(args.key),
+            time=extractors.parse_time(args.time),
+            amount=extractors.parse_amount(args.sum) if args.sum else None,
         )
         topic = UserTopic(
             topic=args.input_topic,

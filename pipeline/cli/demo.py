@@ -180,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
         fields["input_topic"] = user_topic.topic
         fields["key"] = user_topic.extractor.key.text
         fields["time"] = user_topic.extractor.time.text
+        amount = user_topic.extractor.amount
+        fields["sum"] = amount.text if amount is not None else None
         fields["max_out_of_order_ms"] = user_topic.max_out_of_order_ms
         fields["idle_timeout_ms"] = user_topic.idle_timeout_ms
     plan = RunPlan(**fields)

@@ -37,6 +37,10 @@ ENV_KAFKA_CONTROLLER = "SKEWER_KAFKA_CONTROLLER"
 ENV_REDIS_URL = "SKEWER_REDIS_URL"
 ENV_PROMETHEUS_URL = "SKEWER_PROMETHEUS_URL"
 ENV_CACHE_DIR = "SKEWER_CACHE_DIR"
+#: When the native Redis flushes its append-only file to disk (README, "Durability").
+ENV_REDIS_APPENDFSYNC = "SKEWER_REDIS_APPENDFSYNC"
+REDIS_APPENDFSYNC_POLICIES = ("always", "everysec", "no")
+DEFAULT_REDIS_APPENDFSYNC = "everysec"
 #: Pid files, logs and data of running services; a second set of services (a test of the
 #: service manager itself) runs beside the first by pointing this elsewhere with other ports.
 ENV_RUN_DIR = "SKEWER_RUN_DIR"
@@ -56,11 +60,25 @@ DEFAULT_PROMETHEUS_URL = "http://127.0.0.1:19090"
 KAFKA_CLUSTER_ID = "c2tld2VyLWthZmthLTAwMQ"
 
 
-def _host_port(address: str, variable: str) -> tuple[str, int]:
-    host, separator, port = address.rpartition(":")
-    if not separator or not host or not port.isdigit():
-        raise ValueError(f"{variable}={address!r} is not HOST:PORT")
-    return host, int(port)
+def host_ports(addresses: str, variable: str) -> list[tuple[str, int]]:
+    """``HOST:PORT[,HOST:PORT...]`` (a Kafka bootstrap list) as (host, port) pairs; an IPv6
+    host is written in brackets, ``[::1]:9092``, and comes back without them.
+
+    Example:
+        >>> host_ports("k1:9092, k2:9093,[::1]:9094", "SKEWER_KAFKA_BOOTSTRAP")
+        [('k1', 9092), ('k2', 9093), ('::1', 9094)]
+    """
+    pairs = []
+    for address in addresses.split(","):
+        host, separator, port = address.strip().rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        elif ":" in host:
+            host = ""  # an IPv6 address without brackets: its port is ambiguous
+        if not separator or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{variable}={addresses!r} is not HOST:PORT[,HOST:PORT...]")
+        pairs.append((host, int(port)))
+    return pairs
 
 
 def redacted_url(url: str) -> str:
@@ -87,18 +105,26 @@ class Settings:
     prometheus_url: str
     cache_dir: Path
     run_dir: Path
+    #: The native Redis's ``appendfsync`` policy (its append-only file is always on).
+    redis_appendfsync: str = DEFAULT_REDIS_APPENDFSYNC
 
     @property
     def kafka_host(self) -> str:
-        return _host_port(self.kafka_bootstrap, ENV_KAFKA_BOOTSTRAP)[0]
+        """The first bootstrap address's host: the native broker's, when skewer runs one."""
+        return host_ports(self.kafka_bootstrap, ENV_KAFKA_BOOTSTRAP)[0][0]
 
     @property
     def kafka_port(self) -> int:
-        return _host_port(self.kafka_bootstrap, ENV_KAFKA_BOOTSTRAP)[1]
+        return host_ports(self.kafka_bootstrap, ENV_KAFKA_BOOTSTRAP)[0][1]
+
+    @property
+    def kafka_hosts(self) -> list[str]:
+        """Every host of the bootstrap list."""
+        return [host for host, _ in host_ports(self.kafka_bootstrap, ENV_KAFKA_BOOTSTRAP)]
 
     @property
     def kafka_controller_port(self) -> int:
-        return _host_port(self.kafka_controller, ENV_KAFKA_CONTROLLER)[1]
+        return host_ports(self.kafka_controller, ENV_KAFKA_CONTROLLER)[0][1]
 
     @property
     def redis_host(self) -> str:
@@ -160,8 +186,14 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
         prometheus_url=env.get(ENV_PROMETHEUS_URL, DEFAULT_PROMETHEUS_URL).rstrip("/"),
         cache_dir=cache_dir,
         run_dir=Path(env.get(ENV_RUN_DIR, str(cache_dir / "run"))).resolve(),
+        redis_appendfsync=env.get(ENV_REDIS_APPENDFSYNC, DEFAULT_REDIS_APPENDFSYNC),
     )
+    if settings.redis_appendfsync not in REDIS_APPENDFSYNC_POLICIES:
+        raise ValueError(
+            f"{ENV_REDIS_APPENDFSYNC}={settings.redis_appendfsync!r} is not one of "
+            f"{', '.join(REDIS_APPENDFSYNC_POLICIES)}"
+        )
     # Validate the addresses now so a typo fails with the variable's name, not deep in a client.
-    _host_port(settings.kafka_bootstrap, ENV_KAFKA_BOOTSTRAP)
-    _host_port(settings.kafka_controller, ENV_KAFKA_CONTROLLER)
+    host_ports(settings.kafka_bootstrap, ENV_KAFKA_BOOTSTRAP)
+    host_ports(settings.kafka_controller, ENV_KAFKA_CONTROLLER)
     return settings

@@ -4,13 +4,13 @@ Layer: io.
 
 A run on a user's topic (``skewer group --input-topic``) says where a record's key and event
 time are with two small specs: ``--key kafka-key | json:FIELD | csv:N`` and ``--time
-kafka-timestamp | json:FIELD[:ms|s|iso] | csv:N[:ms|s|iso]``; a numeric amount spec (``json:FIELD
-| csv:N``) is parsed and extracted the same way, for a sum aggregation the stages do not offer
-yet (issue 15, point 3). :func:`parse_key`, :func:`parse_time` and :func:`parse_amount` turn them into
-:class:`FieldSpec` (or an :class:`ExtractorSpecError` of one line), and an :class:`Extractor`
-applies them to a consumed batch (about 20,000 records) or to a Spark task's Arrow column in the
-recount: one :class:`Extraction` with a key, an event time in ms, an amount and -- for records
-it cannot read -- a reason from :data:`REASONS`, per record.
+kafka-timestamp | json:FIELD[:ms|s|iso] | csv:N[:ms|s|iso]``; ``--sum json:FIELD | csv:N``
+names a number to add up per (key, window). :func:`parse_key`, :func:`parse_time` and
+:func:`parse_amount` turn them into :class:`FieldSpec` (or an :class:`ExtractorSpecError`
+of one line), and an :class:`Extractor` applies them to a consumed batch (about 20,000
+records) or to a Spark task's Arrow column in the recount: one :class:`Extraction` with a
+key, an event time in ms, an amount and -- for records it cannot read -- a reason from
+:data:`REASONS`, per record.
 
 Why compiled kernels rather than ``json.loads`` per record: at 20,000 records a batch, a
 Python call per record (~2 µs for the smallest JSON object) would cost more than routing the
@@ -21,8 +21,8 @@ where the needed top-level fields are and what type they have; CSV values get an
 field scanner. Then keys are gathered (JSON escapes and doubled CSV quotes decoded) into one
 :class:`~operators.keys.KeyBatch`, times are read by kernels that compute ``floor(value *
 10**k)`` exactly from the decimal text (so ``1.234`` seconds is 1234 ms, not the 1233 float
-arithmetic gives) or parse ISO-8601, and amounts are converted to float64 by one Arrow cast
-(correctly rounded, as ``float()``). The whole batch takes ~7 ms for 20,000 small JSON records.
+arithmetic gives) or parse ISO-8601, and amounts are read the same exact way, as integers of
+millionths (:data:`AMOUNT_DIGITS`). The whole batch takes ~7 ms for 20,000 small JSON records.
 
 Arrow's JSON reader (``pyarrow.json.read_json`` over the values joined by newlines) was the
 obvious alternative and was measured: it alone takes longer (~10 ms for that batch, three
@@ -45,9 +45,17 @@ Semantics, per record (the first failing check wins, in this order):
   number (``ms``, ``s``; JSON numbers, or number text in CSV) or ISO-8601 text (``iso``:
   ``YYYY-MM-DD[(T| )hh:mm[:ss[.fff]]][Z|±hh[:mm]]``, no offset = UTC), or a time whose
   magnitude reaches 10**18 ms (a typo, not an epoch).
-* ``bad-amount`` -- a missing field, not a number, or not finite.
+* ``bad-amount`` -- a missing field, not a number (``NaN`` and ``Infinity`` are not), or a
+  magnitude of 10**12 or more.
 
-A failing record gets an empty key, time 0 and amount 0.0, so the arrays stay aligned with the
+Why amounts are exact decimals, not floats: a sum of floats depends on the order of the
+additions, and a split key's partial sums are added in whichever order its workers and the
+aggregator happen to see them; the recount adds in yet another. An amount is kept as
+``floor(x * 10**6)`` (:data:`AMOUNT_DIGITS` = 6, Spark's ``DECIMAL(18, 6)`` in all but the
+flooring of finer digits), so every sum is an int64 and the same in every order -- exact, like
+the counts. :func:`format_amount` writes one back as decimal text.
+
+A failing record gets an empty key, time 0 and amount 0, so the arrays stay aligned with the
 batch; the result is the same whether the batch came as Arrow or as a list of ``bytes``.
 
 Example:
@@ -58,8 +66,10 @@ Example:
     ...      b'{"user": 42, "ts": "2026-11-25T11:00:00+01:00", "bytes": 1.5}',
     ...      b'{"ts": "2026-11-25T10:00:00Z", "bytes": 1}', b"not json"],
     ...     None, None)
-    >>> out.keys.to_list(), out.event_time_ms.tolist(), out.amounts.tolist()
-    ([b'u1', b'42', b'', b''], [1795600800123, 1795600800000, 0, 0], [512.0, 1.5, 0.0, 0.0])
+    >>> out.keys.to_list(), out.event_time_ms.tolist(), out.amount_micros.tolist()
+    ([b'u1', b'42', b'', b''], [1795600800123, 1795600800000, 0, 0], [512000000, 1500000, 0, 0])
+    >>> format_amount(int(out.amount_micros.sum()))
+    '513.5'
     >>> [REASONS[r] if r >= 0 else "ok" for r in out.reasons]
     ['ok', 'ok', 'no-key', 'undecodable-value']
     >>> extractor.detail(NO_KEY)
@@ -76,7 +86,6 @@ from typing import NamedTuple
 import numba
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from operators.keys import KeyBatch
 from pipeline.io.records import MAX_KEY_BYTES, binary_column
@@ -92,6 +101,8 @@ TIME_UNITS = ("ms", "s", "iso")
 #: Times at or beyond this many ms from the epoch (31 million years) are typos, not times;
 #: the bound also keeps the exact decimal arithmetic inside int64.
 TIME_LIMIT_MS = 10**18
+#: Amounts are kept in units of 10**-AMOUNT_DIGITS (finer digits floored): exact int64 sums.
+AMOUNT_DIGITS = 6
 
 Values = pa.Array | pa.ChunkedArray | Sequence[bytes | None]
 
@@ -187,8 +198,9 @@ class Extraction(NamedTuple):
     keys: KeyBatch
     #: int64 event time in ms; 0 on failing records.
     event_time_ms: np.ndarray
-    #: float64 amount; 0.0 without an amount spec and on failing records.
-    amounts: np.ndarray
+    #: int64 amount in millionths (:data:`AMOUNT_DIGITS`); 0 without an amount spec and on
+    #: failing records.
+    amount_micros: np.ndarray
     #: int8: -1 if the record is usable, else an index into :data:`REASONS`.
     reasons: np.ndarray
 
@@ -902,24 +914,6 @@ def _number_times(
     return ok, out
 
 
-@numba.njit(cache=True)
-def _number_spans(
-    data: np.ndarray, starts: np.ndarray, ends: np.ndarray, present: np.ndarray, strip: bool
-) -> tuple:
-    """Which spans are decimal number text, and the spans without surrounding blanks."""
-    n = starts.shape[0]
-    ok = np.zeros(n, dtype=np.bool_)
-    out_starts = np.zeros(n, dtype=np.int64)
-    out_ends = np.zeros(n, dtype=np.int64)
-    for i in range(n):
-        if present[i]:
-            s, e = _strip(data, starts[i], ends[i], strip)
-            ok[i] = _decimal(data, s, e)[0]
-            out_starts[i] = s
-            out_ends[i] = e
-    return ok, out_starts, out_ends
-
-
 @numba.njit(inline="always")
 def _two_digits(data: np.ndarray, p: int) -> int:
     a = data[p]
@@ -1035,17 +1029,6 @@ class _Field(NamedTuple):
     ends: np.ndarray
     modes: np.ndarray
     kinds: np.ndarray | None
-
-
-def _to_float(data: np.ndarray, starts: np.ndarray, ends: np.ndarray, ok: np.ndarray) -> np.ndarray:
-    """float64 of each ``ok`` row's number text by one Arrow cast (correctly rounded, like
-    ``float()``; the text was checked to be a decimal number first, so the cast cannot fail)."""
-    text, offsets = _gather(data, starts, ends, np.zeros(len(ok), dtype=np.int8), ok)
-    validity = pa.py_buffer(np.packbits(ok, bitorder="little"))
-    strings = pa.Array.from_buffers(
-        pa.large_string(), len(ok), [validity, pa.py_buffer(offsets), pa.py_buffer(text)]
-    )
-    return pc.cast(strings, pa.float64()).to_numpy(zero_copy_only=False)
 
 
 def _timestamps(stamps: np.ndarray | pa.Array | pa.ChunkedArray | None, n: int) -> np.ndarray:
@@ -1170,7 +1153,7 @@ class Extractor:
         keys, no_key, too_large = self._keys(data, fields, kafka_keys, n)
         times, time_ok = self._times(data, fields, kafka_timestamps_ms, n)
         if self.amount is None:
-            amounts = np.zeros(n, dtype=np.float64)
+            amounts = np.zeros(n, dtype=np.int64)
             amount_ok = np.ones(n, dtype=bool)
         else:
             amounts, amount_ok = self._amounts(data, fields[self.amount])
@@ -1185,7 +1168,7 @@ class Extractor:
         bad = reasons >= 0
         if bad.any():
             times[bad] = 0
-            amounts[bad] = 0.0
+            amounts[bad] = 0
             lengths = np.diff(keys.offsets)
             if (lengths[bad] > 0).any():
                 keep = ~bad
@@ -1316,14 +1299,37 @@ class Extractor:
         return times, ok
 
     def _amounts(self, data: np.ndarray, field: _Field) -> tuple[np.ndarray, np.ndarray]:
-        """(amount, ok mask)."""
+        """(amount in millionths, ok mask)."""
         csv = field.kinds is None
         if csv:
             present = field.present & (field.modes == RAW)
-            ok, starts, ends = _number_spans(data, field.starts, field.ends, present, True)
         else:
-            ok = (field.kinds == K_INT) | (field.kinds == K_FLOAT)
-            starts, ends = field.starts, field.ends
-        amounts = _to_float(data, starts, ends, ok) if ok.any() else np.zeros(len(ok))
-        ok &= np.isfinite(amounts)
-        return np.where(ok, amounts, 0.0), ok
+            present = (field.kinds == K_INT) | (field.kinds == K_FLOAT)
+        ok, micros = _number_times(data, field.starts, field.ends, present, AMOUNT_DIGITS, csv)
+        return micros, ok
+
+    def amounts(self, values: Values) -> tuple[np.ndarray, np.ndarray]:
+        """Only the amounts (int64 millionths; 0 where missing) and a mask of the records that
+        have one: what a worker reads from the user's values it is handed, without the key
+        and time the grouping stage already took from them."""
+        if self.amount is None:
+            raise ValueError("this extractor has no --sum spec")
+        column, valid = binary_column(values)
+        scan = self._scan_json if self.amount.source == "json" else self._scan_csv
+        fields, decoded = scan(column, valid, [self.amount])
+        micros, ok = self._amounts(column.data, fields[self.amount])
+        ok &= decoded
+        return np.where(ok, micros, 0), ok
+
+
+def format_amount(micros: int) -> str:
+    """An amount in millionths as the shortest exact decimal text (``1500000`` -> ``'1.5'``).
+
+    Example:
+        >>> format_amount(-2_500_000), format_amount(3_000_000), format_amount(7)
+        ('-2.5', '3', '0.000007')
+    """
+    sign = "-" if micros < 0 else ""
+    whole, fraction = divmod(abs(int(micros)), 10**AMOUNT_DIGITS)
+    digits = f"{fraction:0{AMOUNT_DIGITS}d}".rstrip("0")
+    return f"{sign}{whole}.{digits}" if digits else f"{sign}{whole}"

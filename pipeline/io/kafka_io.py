@@ -180,11 +180,42 @@ def require_kafka(bootstrap: str, timeout: float = 5.0) -> None:
         )
 
 
-def connect_redis(url: str, timeout: float = 5.0) -> redis.Redis:
-    """A Redis client of ``url`` that answered PING; :class:`ServiceUnavailableError` otherwise."""
-    import redis as redis_module
+#: A stage's Redis client retries a command this often, backing off up to 1 s: ~25 s in all,
+#: long enough for a killed Redis to restart and reload its append-only file.
+REDIS_RETRIES = 30
 
-    client = redis_module.Redis.from_url(url, socket_timeout=30.0, socket_connect_timeout=timeout)
+
+def retry_through_restarts(client: redis.Redis) -> redis.Redis:
+    """``client``, retrying a command that met a lost connection, a timeout or a Redis still
+    loading its data, instead of failing the stage.
+
+    A retried command may run twice when Redis executed it but the reply was lost; the
+    commands exactness rests on are guarded Lua scripts (the worker's apply per batch id, the
+    aggregator's finalize, a migration step), so only a counter of the metrics may count one
+    batch twice.
+    """
+    import socket
+
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
+    from redis.retry import Retry
+
+    errors = (ConnectionError, TimeoutError, socket.timeout, BusyLoadingError)
+    client.set_retry(Retry(ExponentialBackoff(cap=1.0, base=0.05), REDIS_RETRIES, errors))
+    return client
+
+
+def connect_redis(url: str, timeout: float = 5.0) -> redis.Redis:
+    """A Redis client of ``url`` that answered PING (:class:`ServiceUnavailableError`
+    otherwise, at once) and from then on rides out a Redis restart
+    (:func:`retry_through_restarts`)."""
+    import redis as redis_module
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    client = redis_module.Redis.from_url(
+        url, socket_timeout=30.0, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
+    )
     try:
         client.ping()
     except redis_module.AuthenticationError as error:
@@ -197,7 +228,7 @@ def connect_redis(url: str, timeout: float = 5.0) -> redis.Redis:
         raise ServiceUnavailableError(
             f"redis does not answer at {redacted_url(url)} (start it: skewer services up)"
         ) from None
-    return client
+    return retry_through_restarts(client)
 
 
 #: What a group coordinator answers while it is elected or loads its offsets, e.g. on a fresh

@@ -207,6 +207,30 @@ def work_headers(
     return _split(records)
 
 
+def work_payloads(values: pa.Array | pa.ChunkedArray | Sequence[bytes | None]) -> pa.Array:
+    """The user's values wrapped in ``work`` values: each value without its header (empty for
+    a marker or a value shorter than the header; null stays null), as one Arrow column.
+
+    Example:
+        >>> header = work_headers(np.array([1]), 0, np.array([0]), 0, 0)[0]
+        >>> work_payloads([header + b"user", header, None]).to_pylist()
+        [b'user', b'', None]
+    """
+    column, valid = binary_column(values)
+    ends = column.offsets[1:]
+    starts = np.minimum(column.offsets[:-1] + WORK_DTYPE.itemsize, ends)
+    lengths = ends - starts
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    # each payload byte's index in the column's data: its payload's start plus its position
+    index = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])
+    validity = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(
+        pa.large_binary(),
+        len(column),
+        [validity, pa.py_buffer(offsets.astype(np.int64)), pa.py_buffer(column.data[index])],
+    )
+
+
 def encode_marker(kind: Kind, source: int, time_ms: int = 0, table_version: int = 0) -> bytes:
     """A WATERMARK or TABLE_SWITCH value for the ``work`` topic."""
     if kind is Kind.DATA:

@@ -7,38 +7,45 @@ and tests live side by side in one Redis. The workers (:mod:`pipeline.stages.wor
 aggregator (:mod:`pipeline.stages.aggregator`) merges and frees, verification reads.
 
 The keys (after the prefix): ``truth:{window}`` and ``producer:{p}:sent`` (the producers');
-``state:{worker}:{window}`` hash key -> partial count; ``applied:{worker}`` last applied batch
-id; ``wm:{worker}`` the worker's watermark and ``wm:{worker}:sources`` hash source -> latest
+``state:{worker}:{window}`` hash key -> partial count, and ``sum:{worker}:{window}`` key ->
+partial sum of the records' amounts (runs with ``--sum`` only: int64 millionths,
+:data:`pipeline.io.extractors.AMOUNT_DIGITS`); ``applied:{worker}`` last applied batch id;
+``wm:{worker}`` the worker's watermark and ``wm:{worker}:sources`` hash source -> latest
 watermark; ``windows:open`` (windows with partial state), ``windows:closed`` (frozen by the
 aggregator), ``windows:final``, ``windows:published``; ``result:{window}`` hash key -> final
-count and ``topk:{window}`` (JSON ``[[key, count], ...]``); ``config`` (window_ms, workers);
-``stats:records|rejected|late|batches`` hashes worker -> count, ``stats:latency:{worker}`` hash
-bucket -> records, ``stats:windows`` (aggregator totals: windows, records, state_entries,
-distinct_keys).
+count, ``resultsum:{window}`` key -> final sum, and ``topk:{window}`` (JSON ``[[key, count],
+...]``); ``config`` (window_ms, workers); ``stats:records|rejected|late|batches`` hashes worker
+-> count, ``stats:latency:{worker}`` hash bucket -> records, ``stats:windows`` (aggregator
+totals: windows, records, state_entries, distinct_keys).
 
 Two atomic steps carry the pipeline's exactness (DESIGN.md invariant 1):
 
-``apply`` -- one Lua script per (worker, micro-batch): adds the batch's counts per (window, key)
-to ``state:{worker}:{window}``, raises the worker's per-source watermarks and ``wm:{worker}``,
-bumps the worker's counters, and sets ``applied:{worker}`` to the batch id -- or does nothing if
-``applied:{worker}`` is already at or past that id. Why (worker, batch id) is a sufficient
-idempotence key: Spark writes a micro-batch's offset range per Kafka partition to its offset
-log *before* running it, and a restarted query re-runs the last logged batch with exactly the
-same ranges and the same id; batch ids grow by one per batch. Partition w of ``work`` is
-worker w and one task reads all of it for the batch, so (worker, batch id) names one fixed
-set of records, applied whole or not at all. A retried task, a re-run batch after a crash, or
-a zombie write of an old batch all find ``applied >= id`` and change nothing.
+``apply`` -- one Lua script per (worker, micro-batch): adds the batch's counts (and sums) per
+(window, key) to ``state:{worker}:{window}`` (and ``sum:{worker}:{window}``), raises the
+worker's per-source watermarks and ``wm:{worker}``, bumps the worker's counters, and sets
+``applied:{worker}`` to the batch id -- or does nothing if ``applied:{worker}`` is already at
+or past that id. Why (worker, batch id) is a sufficient idempotence key: Spark writes a
+micro-batch's offset range per Kafka partition to its offset log *before* running it, and a
+restarted query re-runs the last logged batch with exactly the same ranges and the same id;
+batch ids grow by one per batch. Partition w of ``work`` is worker w and one task reads all of
+it for the batch, so (worker, batch id) names one fixed set of records, applied whole or not at
+all. A retried task, a re-run batch after a crash, or a zombie write of an old batch all find
+``applied >= id`` and change nothing.
 
-``finalize_window`` -- one Lua script per window: writes ``result:{window}`` and
-``topk:{window}``, deletes every worker's ``state:*:{window}``, and adds the window to
-``windows:final`` -- guarded by that set, so a rerun after a crash does nothing twice. Before
-it, :meth:`StateStore.close_window` adds the window to ``windows:closed`` and reads the
-partials in one MULTI: from then on ``apply`` counts any record of that window as late
-(``stats:late``) instead of changing the partials, so the partials the aggregator merged are
-exactly the ones finalize deletes, even if a producer broke its watermark promise.
+``finalize_window`` -- one Lua script per window: writes ``result:{window}``,
+``resultsum:{window}`` and ``topk:{window}``, deletes every worker's ``state:*:{window}`` and
+``sum:*:{window}``, and adds the window to ``windows:final`` -- guarded by that set, so a rerun
+after a crash does nothing twice. Before it, :meth:`StateStore.close_window` adds the window to
+``windows:closed`` and reads the partials in one MULTI: from then on ``apply`` counts any
+record of that window as late (``stats:late``) instead of changing the partials, so the
+partials the aggregator merged are exactly the ones finalize deletes, even if a producer broke
+its watermark promise.
 
 Watermarks in Lua are compared as doubles (Redis' Lua numbers) but stored as the original
-strings: exact for event times below 2⁵³ ms and for END_OF_STREAM.
+strings: exact for event times below 2⁵³ ms and for END_OF_STREAM. Counts and sums only ever
+go through ``HINCRBY`` (Redis' int64 arithmetic), never through a Lua number, so they stay
+exact; a sum per (key, window) must stay within int64 millionths, ±9.2·10¹² in the user's unit
+(Redis refuses the increment that would overflow, and the task fails rather than wrap).
 
 Latency: each applied DATA record adds one to a log-spaced histogram bucket of its end-to-end
 latency (:func:`latency_buckets`), 20 buckets per decade (12 % wide), so p50/p99 come from
@@ -65,7 +72,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from operators.keys import KeyBatch
-from pipeline.io.kafka_io import RunNames
+from pipeline.io.kafka_io import RunNames, retry_through_restarts
 
 if TYPE_CHECKING:
     import redis as redis_module
@@ -104,6 +111,16 @@ class RunKeys:
 
     def result(self, window: int) -> str:
         return f"{self.prefix}result:{window}"
+
+    def sums(self, worker: int, window: int) -> str:
+        """Hash key -> partial sum of amounts (``state``'s twin, runs with ``--sum``)."""
+        return f"{self.prefix}sum:{worker}:{window}"
+
+    def held_sums(self, worker: int, window: int) -> str:
+        return f"{self.prefix}heldsum:{worker}:{window}"
+
+    def result_sums(self, window: int) -> str:
+        return f"{self.prefix}resultsum:{window}"
 
     def topk(self, window: int) -> str:
         return f"{self.prefix}topk:{window}"
@@ -199,15 +216,20 @@ class WorkerBatch:
     source_versions: Mapping[int, int] = field(default_factory=dict)
     #: When the worker's emulated server is done with this batch (epoch ms; 0: no CPU cost).
     busy_until_ms: float = 0.0
+    #: int64 sum of amounts per (window, key) pair (runs with ``--sum``), else None.
+    sums: np.ndarray | None = None
 
     def script_args(self, prefix: str, n_sources: int) -> list[bytes | str | int]:
         """ARGV of the apply script (layout in :data:`APPLY_SCRIPT`)."""
         args: list[bytes | str | int] = [prefix, self.worker, self.batch_id, n_sources]
-        args.append(len(self.windows))
-        for window, key, count in zip(
-            self.windows.tolist(), self.keys.to_list(), self.counts.tolist(), strict=True
-        ):
-            args += (window, key, count)
+        args += (0 if self.sums is None else 1, len(self.windows))
+        pairs = zip(self.windows.tolist(), self.keys.to_list(), self.counts.tolist(), strict=True)
+        if self.sums is None:
+            for window, key, count in pairs:
+                args += (window, key, count)
+        else:
+            for (window, key, count), total in zip(pairs, self.sums.tolist(), strict=True):
+                args += (window, key, count, total)
         args.append(len(self.source_watermarks))
         for source in sorted(self.source_watermarks):
             args += (source, int(self.source_watermarks[source]))
@@ -221,15 +243,16 @@ class WorkerBatch:
         return args
 
 
-#: ARGV: prefix, worker, batch id, S, n_pairs, (window, key, count) * n_pairs, n_marks,
+#: ARGV: prefix, worker, batch id, S, with sums (0|1), n_pairs, (window, key, count[, sum]) *
+#: n_pairs (the sum only with sums), n_marks,
 #: (source, watermark) * n_marks, records, rejected, n_buckets, (bucket, count) * n_buckets,
 #: n_switches, (source, table version) * n_switches, busy-until (ms; 0 = none).
 #: Returns 1 when applied, 0 when the batch was applied before.
 #:
 #: A (window, key) whose key is in ``ctl:pending:{worker}`` (it migrates here and its state has
 #: not arrived yet; :mod:`pipeline.stages.control_plane`) is held back: counted in
-#: ``held:{worker}:{window}`` instead of the state, until the migration moves the state here
-#: and releases it.
+#: ``held:{worker}:{window}`` (its sum in ``heldsum:``) instead of the state, until the
+#: migration moves the state here and releases it.
 APPLY_SCRIPT = """
 local prefix, worker, batch = ARGV[1], ARGV[2], ARGV[3]
 local applied_key = prefix .. 'applied:' .. worker
@@ -237,26 +260,33 @@ local last = redis.call('GET', applied_key)
 if last and tonumber(last) >= tonumber(batch) then return 0 end
 local n_sources = tonumber(ARGV[4])
 local closed_set = prefix .. 'windows:closed'
-local i = 5
+local with_sums = ARGV[5] == '1'
+local width = with_sums and 4 or 3
+local i = 6
 local n_pairs = tonumber(ARGV[i]); i = i + 1
 local late, held = 0, 0
 local closed = {}
 local pending_key = prefix .. 'ctl:pending:' .. worker
 local migrating = redis.call('SCARD', pending_key) > 0
 for _ = 1, n_pairs do
-  local window, key, count = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  i = i + 3
+  local window, key, count, amount = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  i = i + width
   if closed[window] == nil then
     closed[window] = redis.call('SISMEMBER', closed_set, window) == 1
     if not closed[window] then redis.call('SADD', prefix .. 'windows:open', window) end
   end
+  local state, sums = 'state:', 'sum:'
   if closed[window] then
     late = late + tonumber(count)
+    state = nil
   elseif migrating and redis.call('SISMEMBER', pending_key, key) == 1 then
-    redis.call('HINCRBY', prefix .. 'held:' .. worker .. ':' .. window, key, count)
+    state, sums = 'held:', 'heldsum:'
     held = held + tonumber(count)
-  else
-    redis.call('HINCRBY', prefix .. 'state:' .. worker .. ':' .. window, key, count)
+  end
+  if state then
+    local suffix = worker .. ':' .. window
+    redis.call('HINCRBY', prefix .. state .. suffix, key, count)
+    if with_sums then redis.call('HINCRBY', prefix .. sums .. suffix, key, amount) end
   end
 end
 local n_marks = tonumber(ARGV[i]); i = i + 1
@@ -315,25 +345,29 @@ redis.call('SET', applied_key, batch)
 return 1
 """
 
-#: ARGV: prefix, window, W, top-k JSON, records, state entries, n_keys, (key, count) * n_keys.
-#: Returns 1 when finalized now, 0 when the window was final already.
+#: ARGV: prefix, window, W, top-k JSON, records, state entries, n_keys, (key, count) * n_keys,
+#: n_sums, (key, sum) * n_sums. Returns 1 when finalized now, 0 when the window was final
+#: already.
 FINALIZE_SCRIPT = """
 local prefix, window = ARGV[1], ARGV[2]
 if redis.call('SISMEMBER', prefix .. 'windows:final', window) == 1 then return 0 end
-local result = prefix .. 'result:' .. window
-redis.call('DEL', result)
-local n_keys = tonumber(ARGV[7])
-local first, last = 8, 7 + 2 * n_keys
 -- HSET in chunks: unpack() of the whole ARGV could overflow Lua's C stack.
-local chunk = 1000
-for start = first, last, chunk do
-  local stop = math.min(start + chunk - 1, last)
-  redis.call('HSET', result, unpack(ARGV, start, stop))
+local function write(hash, first, n)
+  redis.call('DEL', hash)
+  local last, chunk = first + 2 * n - 1, 1000
+  for start = first, last, chunk do
+    redis.call('HSET', hash, unpack(ARGV, start, math.min(start + chunk - 1, last)))
+  end
+  return last + 1
 end
+local n_keys = tonumber(ARGV[7])
+local after = write(prefix .. 'result:' .. window, 8, n_keys)
+write(prefix .. 'resultsum:' .. window, after + 1, tonumber(ARGV[after]))
 redis.call('SET', prefix .. 'topk:' .. window, ARGV[4])
 for worker = 0, tonumber(ARGV[3]) - 1 do
-  redis.call('DEL', prefix .. 'state:' .. worker .. ':' .. window)
-  redis.call('DEL', prefix .. 'held:' .. worker .. ':' .. window)
+  local suffix = worker .. ':' .. window
+  redis.call('DEL', prefix .. 'state:' .. suffix, prefix .. 'held:' .. suffix,
+             prefix .. 'sum:' .. suffix, prefix .. 'heldsum:' .. suffix)
 end
 redis.call('SADD', prefix .. 'windows:final', window)
 redis.call('SREM', prefix .. 'windows:open', window)
@@ -360,8 +394,22 @@ class Verification:
         return self.mismatch_count == 0 and self.windows > 0
 
 
+@dataclass(frozen=True)
+class WindowPartials:
+    """Every worker's partial counts and sums of one window (index = worker)."""
+
+    counts: list[dict[bytes, int]]
+    sums: list[dict[bytes, int]]
+
+
 def _int_map(raw: Mapping[bytes, bytes]) -> dict[bytes, int]:
     return {key: int(value) for key, value in raw.items()}
+
+
+def _added(state: dict[bytes, int], held: Mapping[bytes, int]) -> dict[bytes, int]:
+    for key, value in held.items():
+        state[key] = state.get(key, 0) + value
+    return state
 
 
 def _window_suffix(key: bytes, prefix: bytes) -> int:
@@ -379,9 +427,11 @@ class StateStore:
 
     @classmethod
     def from_url(cls, url: str, run_id: str) -> StateStore:
+        """The store of a stage: its client rides out a Redis restart (a worker's apply, the
+        aggregator's finalize are guarded scripts, so a retry never counts twice)."""
         import redis as redis_module
 
-        return cls(redis_module.Redis.from_url(url), run_id)
+        return cls(retry_through_restarts(redis_module.Redis.from_url(url)), run_id)
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -430,9 +480,9 @@ class StateStore:
     def open_windows(self) -> list[int]:
         return sorted(int(w) for w in self.client.smembers(self.keys.windows_open))
 
-    def close_window(self, window: int, n_workers: int) -> list[dict[bytes, int]]:
+    def close_window(self, window: int, n_workers: int) -> WindowPartials:
         """Freeze a window (later records of it count as late) and read every worker's partial
-        counts, in one MULTI.
+        counts and sums, in one MULTI.
 
         A worker's partial includes what it holds back for keys migrating to it (``held``):
         those records are counted, only not yet merged with the state that is on its way; a
@@ -443,14 +493,14 @@ class StateStore:
         for worker in range(n_workers):
             pipe.hgetall(self.keys.state(worker, window))
             pipe.hgetall(self.keys.held(worker, window))
-        replies = pipe.execute()[1:]
-        partials = []
-        for state, held in zip(replies[0::2], replies[1::2], strict=True):
-            partial = _int_map(state)
-            for key, count in _int_map(held).items():
-                partial[key] = partial.get(key, 0) + count
-            partials.append(partial)
-        return partials
+            pipe.hgetall(self.keys.sums(worker, window))
+            pipe.hgetall(self.keys.held_sums(worker, window))
+        replies = [_int_map(reply) for reply in pipe.execute()[1:]]
+        per_worker = [replies[4 * worker : 4 * worker + 4] for worker in range(n_workers)]
+        return WindowPartials(
+            counts=[_added(state, held) for state, held, _, _ in per_worker],
+            sums=[_added(total, held_total) for _, _, total, held_total in per_worker],
+        )
 
     def finalize_window(
         self,
@@ -459,8 +509,10 @@ class StateStore:
         counts: Mapping[bytes, int],
         top: Sequence[tuple[bytes, int]],
         state_entries: int,
+        sums: Mapping[bytes, int] | None = None,
     ) -> bool:
-        """Write the result and top-k, free the partials, mark final: all or nothing, once."""
+        """Write the result (and sums) and top-k, free the partials, mark final: all or
+        nothing, once."""
         args: list[bytes | str | int] = [
             self.keys.prefix,
             window,
@@ -472,6 +524,9 @@ class StateStore:
         ]
         for key, count in counts.items():
             args += (key, count)
+        args.append(len(sums or {}))
+        for key, total in (sums or {}).items():
+            args += (key, total)
         return bool(self._finalize(args=args))
 
     def final_windows(self) -> list[int]:
@@ -489,6 +544,10 @@ class StateStore:
 
     def result(self, window: int) -> dict[bytes, int]:
         return _int_map(self.client.hgetall(self.keys.result(window)))
+
+    def result_sums(self, window: int) -> dict[bytes, int]:
+        """Final sum per key (int64 millionths; empty for runs without ``--sum``)."""
+        return _int_map(self.client.hgetall(self.keys.result_sums(window)))
 
     def topk(self, window: int) -> list[tuple[bytes, int]]:
         raw = self.client.get(self.keys.topk(window))
@@ -520,7 +579,7 @@ class StateStore:
         """Every partial-state or held-back key still in Redis (empty once all windows are
         final)."""
         found = []
-        for kind in ("state", "held"):
+        for kind in ("state", "held", "sum", "heldsum"):
             found += self.client.scan_iter(match=f"{self.keys.prefix}{kind}:*", count=1000)
         return sorted(found)
 

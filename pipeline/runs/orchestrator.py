@@ -124,14 +124,16 @@ class ServiceLease:
 def ensure_services(settings: config.Settings, *, start: bool, keep: bool = False) -> ServiceLease:
     """Kafka and Redis answering, natively started if needed (and allowed); else PipelineError.
 
-    Services are only started for loopback addresses (a remote broker is not ours to start).
+    Services are only started for loopback addresses (a remote broker is not ours to start),
+    and Kafka only for a bootstrap list of one address (a cluster is not ours either).
     Started ones are held by a lease (:func:`pipeline.services.manager.acquire`): the lease's
     release stops them unless someone else (``skewer services up``, a test session) holds them.
     With ``keep`` they are started like ``skewer services up`` and keep running.
     """
     lease = ServiceLease(settings)
+    kafka_host = settings.kafka_host if len(settings.kafka_hosts) == 1 else "(a cluster)"
     where = {
-        "kafka": (settings.kafka_host, settings.kafka_bootstrap, probes.kafka_answers),
+        "kafka": (kafka_host, settings.kafka_bootstrap, probes.kafka_answers),
         "redis": (settings.redis_host, settings.redis_url, probes.redis_answers),
     }
     down = [name for name in RUN_SERVICES if not where[name][2](where[name][1], timeout=5.0)]

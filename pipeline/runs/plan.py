@@ -63,10 +63,12 @@ class RunPlan:
     #: controller alike.
     params: tuple[str, ...] = ()
     #: A user's own topic to read instead of producing (``--input-topic``): no producer runs,
-    #: one source per partition, key and time from ``key`` and ``time`` (extractor specs).
+    #: one source per partition, key and time from ``key`` and ``time`` (extractor specs), and
+    #: a number to sum per (key, window) from ``sum`` (``--sum``; None: count only).
     input_topic: str | None = None
     key: str = "kafka-key"
     time: str = "kafka-timestamp"
+    sum: str | None = None
     max_out_of_order_ms: int = 5_000
     idle_timeout_ms: int = 10_000
 
@@ -80,7 +82,9 @@ class RunPlan:
         return UserTopic(
             topic=self.input_topic,
             extractor=extractors.Extractor(
-                key=extractors.parse_key(self.key), time=extractors.parse_time(self.time)
+                key=extractors.parse_key(self.key),
+                time=extractors.parse_time(self.time),
+                amount=extractors.parse_amount(self.sum) if self.sum else None,
             ),
             max_out_of_order_ms=self.max_out_of_order_ms,
             idle_timeout_ms=self.idle_timeout_ms,
@@ -195,6 +199,8 @@ class RunPlan:
                 out += ["--time", self.time, *window, "--lateness-ms", str(self.lateness_ms)]
                 out += ["--max-out-of-order", f"{self.max_out_of_order_ms}ms"]
                 out += ["--idle-timeout", f"{self.idle_timeout_ms}ms"]
+                if self.sum:
+                    out += ["--sum", self.sum]
             return [*out, *params, *run, "--until-end", "--json"]
         if stage == "work":
             checkpoint = self.checkpoint_dir(settings or config.load())

@@ -13,9 +13,11 @@ the run read), that
    run's dead letters;
 2. leaves out the records the run reported late (their partition and offset, from the run's
    ``late`` topic);
-3. counts per (window, key) with Spark's own ``groupBy().count()``.
+3. counts per (window, key) with Spark's own ``groupBy().count()`` -- and for a run with
+   ``--sum``, sums the extracted amounts (int64 millionths) with ``sum()`` in the same query.
 
-Every (key, window) of the recount must equal the run's final result (``result:{window}``),
+Every (key, window) of the recount must equal the run's final result (``result:{window}``,
+and ``resultsum:{window}`` for the sums),
 every recounted window must be final, and the records left out must be exactly the run's late
 records and dead letters. ``exact`` is all of it.
 
@@ -35,13 +37,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from pipeline.io import kafka_io, records
-from pipeline.io.extractors import Extractor
+from pipeline.io.extractors import Extractor, format_amount
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
 #: Mismatches kept for the report (the count covers all of them).
 MAX_REPORTED = 20
 #: The rows :class:`ExtractWindows` yields to Spark.
-RECOUNT_SCHEMA = "partition int, offset long, key binary, window long, valid boolean"
+RECOUNT_SCHEMA = "partition int, offset long, key binary, window long, amount long, valid boolean"
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,17 @@ class RecountVerification:
     #: The first few ``(window, key, recount, result)`` that differ.
     mismatches: list[tuple[int, bytes, int, int]] = field(default_factory=list)
     mismatch_count: int = 0
+    #: Runs with ``--sum``: (key, window) pairs compared by sum, and the first few that differ
+    #: as ``(window, key, recount, result)`` in millionths.
+    sums_compared: int = 0
+    sum_mismatches: list[tuple[int, bytes, int, int]] = field(default_factory=list)
+    sum_mismatch_count: int = 0
 
     @property
     def exact(self) -> bool:
         return (
             self.mismatch_count == 0
+            and self.sum_mismatch_count == 0
             and not self.missing_windows
             and self.late == self.run_late
             and self.invalid == self.run_dead_letters
@@ -100,12 +108,24 @@ class RecountVerification:
                 {"window": w, "key": k.decode("utf-8", "replace"), "recount": c, "result": r}
                 for w, k, c, r in self.mismatches
             ],
+            "sums_compared": self.sums_compared,
+            "sum_mismatch_count": self.sum_mismatch_count,
+            "sum_mismatches": [
+                {
+                    "window": w,
+                    "key": k.decode("utf-8", "replace"),
+                    "recount": format_amount(c),
+                    "result": format_amount(r),
+                }
+                for w, k, c, r in self.sum_mismatches
+            ],
         }
 
     def lines(self) -> list[str]:
         scope = f"({self.windows} windows, {self.keys} keys)"
         if self.exact:
-            head = f"exact: every (key, window) count equals the recount {scope}"
+            what = "count and sum" if self.sums_compared else "count"
+            head = f"exact: every (key, window) {what} equals the recount {scope}"
         else:
             head = (
                 f"NOT exact: {self.mismatch_count} (key, window) count(s) differ from the "
@@ -116,6 +136,16 @@ class RecountVerification:
             f"  window {window} key {key!r}: recount {expected}, result {got}"
             for window, key, expected, got in self.mismatches
         ]
+        if self.sums_compared:
+            out.append(
+                f"  sums: {self.sums_compared:,} (key, window) sums compared, "
+                f"{self.sum_mismatch_count} differ"
+            )
+            out += [
+                f"  window {window} key {key!r}: sum recount {format_amount(expected)}, "
+                f"result {format_amount(got)}"
+                for window, key, expected, got in self.sum_mismatches
+            ]
         if self.missing_windows:
             out.append(f"  windows not final: {self.missing_windows[:10]}")
         out.append(
@@ -151,9 +181,10 @@ class ExtractWindows:
                     batch.column("offset"),
                     pa.array(extracted.keys.to_list(), pa.binary()),
                     pa.array(np.where(valid, windows, 0), pa.int64()),
+                    pa.array(extracted.amount_micros, pa.int64()),
                     pa.array(valid),
                 ],
-                names=["partition", "offset", "key", "window", "valid"],
+                names=["partition", "offset", "key", "window", "amount", "valid"],
             )
 
 
@@ -199,13 +230,13 @@ def recount(
     window_ms: int,
     ends: dict[int, int],
     late: list[tuple[int, int]],
-) -> tuple[dict[int, dict[bytes, int]], int, int, int]:
-    """Counts per window and key of ``topic`` up to ``ends``, without the ``late`` records:
-    (counts, records counted, late records left out, records not extractable)."""
+) -> Recount:
+    """Counts (and, with the extractor's ``--sum``, sums) per window and key of ``topic`` up
+    to ``ends``, without the ``late`` records."""
     from pyspark.sql import functions
 
     if not any(ends.values()):
-        return {}, 0, 0, 0
+        return Recount({}, {}, 0, 0, 0)
     frame = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
@@ -229,12 +260,19 @@ def recount(
     kept = valid.join(late_frame, ["partition", "offset"], "left_anti")
     left_out = valid.count() - kept.count()
     counts: dict[int, dict[bytes, int]] = {}
+    sums: dict[int, dict[bytes, int]] = {}
     total = 0
-    for row in kept.groupBy("window", "key").count().collect():
-        counts.setdefault(int(row["window"]), {})[bytes(row["key"])] = int(row["count"])
+    aggregates = [functions.count(functions.lit(1)).alias("count")]
+    if extractor.amount is not None:
+        aggregates.append(functions.sum("amount").alias("sum"))
+    for row in kept.groupBy("window", "key").agg(*aggregates).collect():
+        window, key = int(row["window"]), bytes(row["key"])
+        counts.setdefault(window, {})[key] = int(row["count"])
+        if extractor.amount is not None:
+            sums.setdefault(window, {})[key] = int(row["sum"])
         total += int(row["count"])
     frame.unpersist()
-    return counts, total, left_out, invalid
+    return Recount(counts, sums, total, left_out, invalid)
 
 
 def verify_recount(
@@ -249,12 +287,10 @@ def verify_recount(
     """Recount ``topic`` as the run read it and compare with the run's final results."""
     ends = consumed_offsets(bootstrap, names, topic)
     late = reported_late(bootstrap, names)
-    counts, total, left_out, invalid = recount(
-        spark, bootstrap, topic, extractor, window_ms, ends, late
-    )
+    recounted = recount(spark, bootstrap, topic, extractor, window_ms, ends, late)
+    counts = recounted.counts
     final = set(store.final_windows())
-    mismatches: list[tuple[int, bytes, int, int]] = []
-    mismatch_count = 0
+    count_diff, sum_diff = _Differences(), _Differences()
     result_records = 0
     keys: set[bytes] = set()
     for window in sorted(set(counts) | final):
@@ -262,24 +298,54 @@ def verify_recount(
         got = store.result(window) if window in final else {}
         result_records += sum(got.values())
         keys.update(expected, got)
-        for key in sorted(set(expected) | set(got)):
-            if expected.get(key, 0) != got.get(key, 0):
-                mismatch_count += 1
-                if len(mismatches) < MAX_REPORTED:
-                    mismatches.append((window, key, expected.get(key, 0), got.get(key, 0)))
+        count_diff.compare(window, expected, got)
+        if extractor.amount is not None:
+            got_sums = store.result_sums(window) if window in final else {}
+            sum_diff.compare(window, recounted.sums.get(window, {}), got_sums)
     client = store.client
     run_late = sum(int(v) for v in client.hvals(names.redis_key("stats", "late_input")))
     run_dead = sum(int(v) for v in client.hvals(names.redis_key("stats", "dead_letters")))
     return RecountVerification(
         windows=len(set(counts) | final),
         keys=len(keys),
-        recounted=total,
+        recounted=recounted.records,
         result_records=result_records,
-        late=left_out,
+        late=recounted.late,
         run_late=run_late,
-        invalid=invalid,
+        invalid=recounted.invalid,
         run_dead_letters=run_dead,
         missing_windows=sorted(set(counts) - final),
-        mismatches=mismatches,
-        mismatch_count=mismatch_count,
+        mismatches=count_diff.first,
+        mismatch_count=count_diff.count,
+        sums_compared=sum_diff.compared,
+        sum_mismatches=sum_diff.first,
+        sum_mismatch_count=sum_diff.count,
     )
+
+
+class Recount(NamedTuple):
+    """What :func:`recount` found: per window, key -> count (and sum in millionths)."""
+
+    counts: dict[int, dict[bytes, int]]
+    sums: dict[int, dict[bytes, int]]
+    records: int
+    #: Late records left out, and records the extractor refused.
+    late: int
+    invalid: int
+
+
+@dataclass
+class _Differences:
+    """The (key, window) values that differ between the recount and the results."""
+
+    compared: int = 0
+    count: int = 0
+    first: list[tuple[int, bytes, int, int]] = field(default_factory=list)
+
+    def compare(self, window: int, expected: dict[bytes, int], got: dict[bytes, int]) -> None:
+        for key in sorted(set(expected) | set(got)):
+            self.compared += 1
+            if expected.get(key, 0) != got.get(key, 0):
+                self.count += 1
+                if len(self.first) < MAX_REPORTED:
+                    self.first.append((window, key, expected.get(key, 0), got.get(key, 0)))

@@ -44,12 +44,14 @@ class KafkaService(NativeService):
 
     def server_properties(self) -> str:
         """deploy/kafka/server.properties with this machine's addresses and data folder."""
-        controller_host, _, controller_port = self.settings.kafka_controller.rpartition(":")
+        [(controller_host, controller_port)] = config.host_ports(
+            self.settings.kafka_controller, config.ENV_KAFKA_CONTROLLER
+        )[:1]
         template = Template((config.DEPLOY_DIR / "kafka" / "server.properties").read_text())
         return template.substitute(
-            broker_host=self.settings.kafka_host,
+            broker_host=_in_listener(self.settings.kafka_host),
             broker_port=self.settings.kafka_port,
-            controller_host=controller_host,
+            controller_host=_in_listener(controller_host),
             controller_port=controller_port,
             data_dir=self.data_dir / "data",
         )
@@ -106,3 +108,8 @@ class KafkaService(NativeService):
 
     def healthy(self, timeout: float = 2.0) -> bool:
         return kafka_answers(self.settings.kafka_bootstrap, timeout)
+
+
+def _in_listener(host: str) -> str:
+    """A host as Kafka's listener URLs write it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host

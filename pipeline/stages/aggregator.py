@@ -23,7 +23,10 @@ same content, a function of the final counts), so a reader keyed by window sees 
 
 Records of ``results``: Kafka key = the window start in ASCII; value = JSON
 ``{"run_id", "window", "window_end", "records", "distinct_keys", "top_k": [[key, count], ...],
-"counts": {key: count}, "part", "parts"}``. Keys are UTF-8 text (undecodable bytes as
+"counts": {key: count}, "part", "parts"}``, and for a run with ``--sum`` also ``"sums": {key:
+"decimal"}`` -- each key's sum as exact decimal text (:func:`pipeline.io.extractors.
+format_amount`; a JSON number would be a double, and a double cannot hold every sum of
+millionths exactly). Keys are UTF-8 text (undecodable bytes as
 surrogate escapes, :func:`~pipeline.io.state_store.key_text`). A window whose counts would
 not fit one Kafka message is split into ``parts`` records of at most
 :data:`KEYS_PER_RECORD` keys each; every part carries the top-k.
@@ -45,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from operators.windows import closable_windows, merge_partials, state_entries, top_k
+from pipeline.io.extractors import format_amount
 from pipeline.io.records import END_OF_STREAM
 from pipeline.io.state_store import StateStore, key_text
 from pipeline.observe.timeline import TimelineSampler
@@ -86,8 +90,10 @@ def result_records(
     counts: Mapping[bytes, int],
     top: Sequence[tuple[bytes, int]],
     keys_per_record: int = KEYS_PER_RECORD,
+    sums: Mapping[bytes, int] | None = None,
 ) -> list[tuple[bytes, bytes]]:
-    """``(kafka key, JSON value)`` of a window's result, in parts of ``keys_per_record`` keys."""
+    """``(kafka key, JSON value)`` of a window's result, in parts of ``keys_per_record`` keys;
+    ``sums`` (millionths per key) only for a run with ``--sum``."""
     ordered = sorted(counts.items())
     parts = max(1, -(-len(ordered) // keys_per_record))
     header: dict[str, Any] = {
@@ -101,12 +107,10 @@ def result_records(
     out = []
     for part in range(parts):
         chunk = ordered[part * keys_per_record : (part + 1) * keys_per_record]
-        value = {
-            **header,
-            "counts": {key_text(key): count for key, count in chunk},
-            "part": part,
-            "parts": parts,
-        }
+        value = {**header, "counts": {key_text(key): count for key, count in chunk}}
+        if sums:
+            value["sums"] = {key_text(key): format_amount(sums.get(key, 0)) for key, _ in chunk}
+        value.update(part=part, parts=parts)
         out.append((str(window).encode(), json.dumps(value).encode()))
     return out
 
@@ -154,9 +158,11 @@ class Aggregator:
         )
         for window in closable.tolist():
             partials = self.store.close_window(window, workers)
-            merged = merge_partials(partials)
+            merged = merge_partials(partials.counts)
+            sums = merge_partials(partials.sums)
             top = top_k(merged, self.options.top_k)
-            if self.store.finalize_window(window, workers, merged, top, state_entries(partials)):
+            entries = state_entries(partials.counts)
+            if self.store.finalize_window(window, workers, merged, top, entries, sums):
                 summary.finalized.append(window)
         for window in self.store.unpublished_windows():
             records = result_records(
@@ -165,6 +171,7 @@ class Aggregator:
                 self.options.window_ms,
                 self.store.result(window),
                 self.store.topk(window),
+                sums=self.store.result_sums(window),
             )
             self.publish(records)
             self.store.mark_published(window)

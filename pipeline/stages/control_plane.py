@@ -54,8 +54,9 @@ Why each step is exact (DESIGN.md invariants 1 and 2):
   precede the markers); those routed under v+1 reach b and are held, not lost and not added to
   state that is still on its way. MIGRATE runs only once a is drained, atomically (one Lua
   script), so nothing of k arrives at a after its state left, and b releases the held records
-  onto the moved state in the same step. Counts are held as per-(window, key) partial sums
-  -- the aggregation is a count; an order-sensitive aggregate would hold the records as a list.
+  onto the moved state in the same step. Counts (and a ``--sum`` run's sums, which move and
+  are held beside them) are held as per-(window, key) partial sums -- both aggregates are
+  sums of integers; an order-sensitive aggregate would hold the records as a list.
 - *Closed windows.* A window the aggregator has closed is never moved: its partials are frozen
   and the aggregator merges a worker's held records with its partial
   (:meth:`~pipeline.io.state_store.StateStore.close_window`), so a window closing during a
@@ -350,6 +351,17 @@ for i = 1, #moves, 2 do
       redis.call('HINCRBY', to, key, held)
       redis.call('HDEL', held_key, key)
       released = released + tonumber(held)
+    end
+    -- A run with --sum keeps the key's sums beside its counts: they travel the same way.
+    local sums_to = prefix .. 'sum:' .. b .. ':' .. window
+    for _, sums_from in ipairs({prefix .. 'sum:' .. a .. ':' .. window,
+                                prefix .. 'heldsum:' .. b .. ':' .. window}) do
+      local total = redis.call('HGET', sums_from, key)
+      if total then
+        redis.call('HINCRBY', sums_to, key, total)
+        redis.call('HDEL', sums_from, key)
+        bytes = bytes + #total
+      end
     end
   end
   redis.call('SREM', prefix .. 'ctl:pending:' .. b, key)

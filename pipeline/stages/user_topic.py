@@ -99,6 +99,7 @@ def describe(topic: UserTopic, names: RunNames) -> str:
             "topic_prefix": names.topic_prefix,
             "key": spec.key.text,
             "time": spec.time.text,
+            "sum": spec.amount.text if spec.amount is not None else None,
             "max_out_of_order_ms": topic.max_out_of_order_ms,
             "idle_timeout_ms": topic.idle_timeout_ms,
             "window_ms": topic.window_ms,
@@ -111,7 +112,9 @@ def restore(text: str | bytes) -> tuple[UserTopic, str]:
     """Inverse of :func:`describe`: the run's :class:`UserTopic` and its topic prefix."""
     state = json.loads(text)
     extractor = Extractor(
-        key=extractors.parse_key(state["key"]), time=extractors.parse_time(state["time"])
+        key=extractors.parse_key(state["key"]),
+        time=extractors.parse_time(state["time"]),
+        amount=extractors.parse_amount(state["sum"]) if state.get("sum") else None,
     )
     topic = UserTopic(
         topic=state["topic"],

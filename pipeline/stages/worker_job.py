@@ -19,7 +19,10 @@ sees partition w's records, and for each worker:
    input before ``work``, so these only appear if something else writes the topic;
 2. waits until the worker's emulated server is done with the batch (the CPU-cost knob,
    ``--cpu-cost-us``; below);
-3. counts per (window, key) (:func:`operators.windows.count_per_window_key`), takes each
+3. counts per (window, key) (:func:`operators.windows.count_per_window_key`) -- and on a
+   user's topic with ``--sum``, sums the amount the run's extractor reads from each record's
+   own value (:meth:`pipeline.io.extractors.Extractor.amounts`, the spec the grouping stage
+   recorded in Redis as ``input``) --, takes each
    source's highest WATERMARK of the batch, bins each record's end-to-end latency (now minus the
    Kafka timestamp of its ``work`` record, measured after the wait: queueing in Kafka plus
    service);
@@ -80,7 +83,10 @@ import pyarrow as pa
 from operators.keys import KeyBatch
 from operators.windows import count_per_window_key
 from pipeline.io import records
+from pipeline.io.extractors import Extractor
+from pipeline.io.kafka_io import RunNames
 from pipeline.io.state_store import StateStore, WorkerBatch, latency_buckets
+from pipeline.stages import user_topic
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -112,6 +118,8 @@ class DecodedPartition:
     #: bool: valid TABLE_SWITCH markers (routing-table schemes;
     #: :mod:`pipeline.stages.control_plane`)
     switches: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    #: int64 amount of every row in millionths (runs with ``--sum``; 0 where none), else None.
+    amount_micros: np.ndarray | None = None
 
     @property
     def data_records(self) -> int:
@@ -119,9 +127,14 @@ class DecodedPartition:
 
 
 def decode_partition(
-    keys: pa.Array | Sequence[bytes | None], values: pa.Array | Sequence[bytes | None]
+    keys: pa.Array | Sequence[bytes | None],
+    values: pa.Array | Sequence[bytes | None],
+    amounts: Extractor | None = None,
 ) -> DecodedPartition:
-    """Decode a task's columns at once and sort the rows into DATA, markers and rejects."""
+    """Decode a task's columns at once and sort the rows into DATA, markers and rejects; with
+    ``amounts`` (a run's ``--sum`` extractor) read each DATA record's amount from the user's
+    value after its header, and reject a DATA record without one (the grouping stage
+    dead-letters those, so only a foreign writer of ``work`` makes any)."""
     key_column, has_key = records.binary_column(keys)
     decoded, ok = records.decode_work(values)
     kind = decoded["kind"]
@@ -130,7 +143,12 @@ def decode_partition(
     markers = ok & (kind == records.Kind.WATERMARK)
     switches = ok & (kind == records.Kind.TABLE_SWITCH)
     rejected = int((~ok).sum() + (is_data & ~has_key).sum())
-    return DecodedPartition(key_column, decoded, data, markers, rejected, switches)
+    micros = None
+    if amounts is not None:
+        micros, has_amount = amounts.amounts(records.work_payloads(values))
+        rejected += int((data & ~has_amount).sum())
+        data &= has_amount
+    return DecodedPartition(key_column, decoded, data, markers, rejected, switches, micros)
 
 
 def to_worker_batch(
@@ -147,7 +165,10 @@ def to_worker_batch(
     data = decoded.data
     key_batch = decoded.keys.take(np.flatnonzero(data))
     event_times = decoded.records["event_time_ms"]
-    counted = count_per_window_key(key_batch, records.window_start(event_times[data], window_ms))
+    amounts = None if decoded.amount_micros is None else decoded.amount_micros[data]
+    counted = count_per_window_key(
+        key_batch, records.window_start(event_times[data], window_ms), amounts=amounts
+    )
 
     sources = decoded.records["source"][decoded.markers].astype(np.int64)
     if sources.size and int(sources.max()) >= n_sources:
@@ -178,7 +199,19 @@ def to_worker_batch(
         rejected=decoded.rejected,
         latency=dict(zip(buckets.tolist(), bucket_counts.tolist(), strict=True)),
         source_versions=source_versions,
+        sums=counted.sums,
     )
+
+
+def run_amounts(store: StateStore) -> Extractor | None:
+    """The extractor of the amounts to sum, if the run's grouping stage reads a user's topic
+    with ``--sum`` (it records how it reads the topic before it routes anything, so a batch
+    with records of such a run always finds it)."""
+    described = store.client.get(RunNames(run_id=store.keys.run_id).redis_key("input"))
+    if described is None:
+        return None
+    extractor = user_topic.restore(described)[0].extractor
+    return extractor if extractor.amount is not None else None
 
 
 #: StateStore per (Redis URL, run id) in each Python worker process (Spark reuses them).
@@ -272,6 +305,8 @@ class PartitionProcessor:
     cpu_cost_us: float
     redis_url: str
     run_id: str
+    #: The run's ``--sum`` extractor (:func:`run_amounts`), else None.
+    amounts: Extractor | None = None
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         clock = _PhaseClock()
@@ -283,7 +318,7 @@ class PartitionProcessor:
         shares = [
             (
                 worker,
-                decode_partition(part.column("key"), part.column("value")),
+                decode_partition(part.column("key"), part.column("value"), self.amounts),
                 part.column("timestamp_ms").to_numpy(),
             )
             for worker, part in self._split_by_worker(table)
@@ -514,7 +549,14 @@ def start_query(
         "partition", "key", "value", functions.expr("unix_millis(timestamp)").alias("timestamp_ms")
     )
 
+    store = StateStore.from_url(options.redis_url, options.run_id)
+    # None until the grouping stage of a run with --sum has recorded its input, then fixed.
+    amounts: list[Extractor] = []
+
     def process_batch(frame: DataFrame, batch_id: int) -> None:
+        found = run_amounts(store) if not amounts else None
+        if found is not None:
+            amounts.append(found)
         processor = PartitionProcessor(
             batch_id=batch_id,
             n_workers=options.workers,
@@ -523,6 +565,7 @@ def start_query(
             cpu_cost_us=options.cpu_cost_us,
             redis_url=options.redis_url,
             run_id=options.run_id,
+            amounts=amounts[0] if amounts else None,
         )
         tasks = frame.select(*TASK_COLUMNS).coalesce(options.task_count)
         rows = tasks.mapInArrow(processor, SUMMARY_SCHEMA).collect()

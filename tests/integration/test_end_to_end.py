@@ -30,10 +30,9 @@ from typing import Any
 import mmh3
 import numpy as np
 import pytest
-from live_runs import RUN_TIMEOUT, run_of, shared_spark_run
+from live_runs import RUN_TIMEOUT, run_of, shared_spark_run, wait_for
 
 from pipeline.io import config, kafka_io, records
-from pipeline.runs.orchestrator import Pipeline
 from pipeline.runs.plan import RunPlan, new_run_id
 from pipeline.runs.summary import RunSummary
 from pipeline.runs.verify import verify_run
@@ -141,14 +140,6 @@ def test_key_and_shuffle_route_as_their_definitions_say(
 # --- faults -------------------------------------------------------------------------------------
 
 
-def _wait_for(pipeline: Pipeline, condition: Any, what: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition(pipeline.progress()):
-        pipeline.check()
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_kill_9_of_the_grouping_stage_and_of_the_spark_job_keeps_counts_exact(
     settings: config.Settings,
 ) -> None:
@@ -172,12 +163,12 @@ def test_kill_9_of_the_grouping_stage_and_of_the_spark_job_keeps_counts_exact(
     with run_of(plan, settings) as pipeline:
         pipeline.prepare()
         pipeline.start_all()
-        _wait_for(pipeline, lambda p: p.grouped >= 15_000, "a quarter grouped")
+        wait_for(pipeline, lambda p: p.grouped >= 15_000, "a quarter grouped")
         before = pipeline.progress()
         pipeline.kill("group")
         assert before.grouped < records_total  # mid-run indeed
         pipeline.start("group")
-        _wait_for(pipeline, lambda p: p.processed >= 30_000, "half processed")
+        wait_for(pipeline, lambda p: p.processed >= 30_000, "half processed")
         pipeline.kill("work")
         killed_at = pipeline.progress().processed
         assert killed_at < records_total

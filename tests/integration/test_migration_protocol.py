@@ -117,6 +117,34 @@ def test_a_moved_key_is_held_until_its_old_worker_drains_then_moved_once(store, 
     assert store.partial(1, 0)[b"k"] == 12
 
 
+def test_a_moved_key_takes_its_sums_along_and_releases_its_held_sums(store, plane) -> None:
+    """A run with --sum: sums are held, moved and released exactly like the counts."""
+    counts = {(0, b"k"): 5, (10_000, b"k"): 4}
+    assert store.apply(batch(0, 1, counts, sums={(0, b"k"): 500, (10_000, b"k"): 40}), n_sources=S)
+    publish_move(plane, b"k", old=0, new=1)
+    held = batch(1, 1, {(0, b"k"): 3}, switches={0: 1}, sums={(0, b"k"): 30})
+    assert store.apply(held, n_sources=S)
+    assert store.client.hgetall(store.keys.held_sums(1, 0)) == {b"k": b"30"}
+    assert store.client.hgetall(store.keys.sums(1, 0)) == {}
+    apply(store, 0, 2, {}, switches={0: 1, 1: 1})
+    assert plane.migrate(1, 0, S).status == 1
+    assert store.client.hgetall(store.keys.sums(1, 0)) == {b"k": b"530"}
+    assert store.client.hgetall(store.keys.sums(1, 10_000)) == {b"k": b"40"}
+    assert store.partial(1, 0) == {b"k": 8}
+    for key in (store.keys.sums(0, 0), store.keys.sums(0, 10_000), store.keys.held_sums(1, 0)):
+        assert store.client.exists(key) == 0
+    partials = store.close_window(0, W)
+    assert partials.sums == [{}, {b"k": 530}, {}] and partials.counts == [{}, {b"k": 8}, {}]
+
+
+def test_a_window_closed_during_a_migration_keeps_its_held_sums(store, plane) -> None:
+    assert store.apply(batch(0, 1, {(0, b"k"): 5}, sums={(0, b"k"): 50}), n_sources=S)
+    publish_move(plane, b"k", old=0, new=1)
+    held = batch(1, 1, {(0, b"k"): 3}, switches={0: 1}, sums={(0, b"k"): 30})
+    assert store.apply(held, n_sources=S)
+    assert store.close_window(0, W).sums == [{b"k": 50}, {b"k": 30}, {}]
+
+
 def test_an_ended_source_counts_as_switched(store, plane) -> None:
     apply(store, 0, 1, {(0, b"k"): 1}, marks={1: END_OF_STREAM})
     publish_move(plane, b"k", old=0, new=2)
@@ -132,7 +160,7 @@ def test_a_window_closed_during_a_migration_keeps_its_held_records(store, plane)
     apply(store, 1, 1, {(0, b"k"): 3}, switches={0: 1})
     # The aggregator closes window 0 before worker 0 drained: the held 3 are part of it.
     partials = store.close_window(0, W)
-    assert partials == [{b"k": 5}, {b"k": 3}, {}]
+    assert partials.counts == [{b"k": 5}, {b"k": 3}, {}]
     apply(store, 0, 2, {(0, b"k"): 1}, switches={0: 1, 1: 1})  # late: window 0 is closed
     assert plane.migrate(1, 0, S).state_entries == 0  # closed windows never move
     assert store.finalize_window(0, W, {b"k": 8}, [(b"k", 8)], state_entries=2)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from live_runs import free_port
 
 from pipeline.cli import app
 from pipeline.io import config, probes
@@ -23,19 +24,13 @@ from pipeline.services import manager, process
 pytestmark = pytest.mark.integration
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture
 def private_services(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> config.Settings:
     monkeypatch.setenv(config.ENV_RUN_DIR, str(tmp_path / "run"))
-    monkeypatch.setenv(config.ENV_KAFKA_BOOTSTRAP, f"127.0.0.1:{_free_port()}")
-    monkeypatch.setenv(config.ENV_KAFKA_CONTROLLER, f"127.0.0.1:{_free_port()}")
-    monkeypatch.setenv(config.ENV_REDIS_URL, f"redis://127.0.0.1:{_free_port()}/0")
-    monkeypatch.setenv(config.ENV_PROMETHEUS_URL, f"http://127.0.0.1:{_free_port()}")
+    monkeypatch.setenv(config.ENV_KAFKA_BOOTSTRAP, f"127.0.0.1:{free_port()}")
+    monkeypatch.setenv(config.ENV_KAFKA_CONTROLLER, f"127.0.0.1:{free_port()}")
+    monkeypatch.setenv(config.ENV_REDIS_URL, f"redis://127.0.0.1:{free_port()}/0")
+    monkeypatch.setenv(config.ENV_PROMETHEUS_URL, f"http://127.0.0.1:{free_port()}")
     settings = config.load()
     yield settings
     manager.down(settings)  # whatever a failing test left behind

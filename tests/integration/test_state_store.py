@@ -4,6 +4,7 @@ watermarks, late records, the guarded atomic finalize, and the aggregator's pass
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import uuid
 from pathlib import Path
@@ -58,7 +59,7 @@ def test_watermark_is_min_over_all_sources(store: StateStore) -> None:
 
 def test_records_of_a_closed_window_count_as_late(store: StateStore) -> None:
     store.apply(batch(0, 0, {(0, b"a"): 2}), n_sources=1)
-    assert store.close_window(0, n_workers=2) == [{b"a": 2}, {}]
+    assert store.close_window(0, n_workers=2).counts == [{b"a": 2}, {}]
     store.apply(batch(0, 1, {(0, b"a"): 3, (10_000, b"a"): 1}), n_sources=1)
     assert store.partial(0, 0) == {b"a": 2}  # frozen
     assert store.partial(0, 10_000) == {b"a": 1}
@@ -79,7 +80,8 @@ def test_finalize_once_and_atomically(store: StateStore) -> None:
     store.apply(batch(0, 0, {(0, b"a"): 2, (0, b"b"): 1}), n_sources=1)
     store.apply(batch(1, 0, {(0, b"a"): 5}), n_sources=1)
     partials = store.close_window(0, 2)
-    assert partials == [{b"a": 2, b"b": 1}, {b"a": 5}]
+    assert partials.counts == [{b"a": 2, b"b": 1}, {b"a": 5}]
+    assert partials.sums == [{}, {}]  # a run without --sum
     outcomes: list[bool] = []
 
     def finalize(counts: dict[bytes, int]) -> None:
@@ -102,6 +104,27 @@ def test_finalize_once_and_atomically(store: StateStore) -> None:
     # A rerun after a crash changes nothing.
     assert store.finalize_window(0, 2, {b"z": 1}, [], state_entries=1) is False
     assert store.result(0) == result
+
+
+def test_sums_beside_counts_applied_once_merged_and_finalized(store: StateStore) -> None:
+    big = 2**62  # int64 millionths travel through Redis as integers, never as Lua's double
+    first = batch(0, 0, {(0, b"a"): 2, (0, b"b"): 1}, sums={(0, b"a"): big, (0, b"b"): -7})
+    assert store.apply(first, n_sources=1)
+    assert store.apply(first, n_sources=1) is False  # a replay adds nothing to the sums either
+    assert store.apply(batch(1, 0, {(0, b"a"): 5}, sums={(0, b"a"): 3}), n_sources=1)
+    assert store.client.hgetall(store.keys.sums(0, 0)) == {b"a": str(big).encode(), b"b": b"-7"}
+    assert store.client.hgetall(store.keys.state(0, 0)) == {b"a": b"2", b"b": b"1"}
+    published: list[tuple[bytes, bytes]] = []
+    options = AggregateOptions(workers=2, window_ms=10_000, run_id=store.keys.run_id)
+    store.apply(batch(0, 1, {}, marks={0: int(END_OF_STREAM)}), n_sources=1)
+    store.apply(batch(1, 1, {}, marks={0: int(END_OF_STREAM)}), n_sources=1)
+    assert Aggregator(store, options, published.extend).step().finalized == [0]
+    assert store.result(0) == {b"a": 7, b"b": 1}
+    assert store.result_sums(0) == {b"a": big + 3, b"b": -7}
+    assert store.state_keys() == []
+    (value,) = [json.loads(v) for _, v in published]
+    assert value["sums"] == {"a": "4611686018427.387907", "b": "-0.000007"}
+    assert value["counts"] == {"a": 7, "b": 1}
 
 
 def test_aggregator_closes_only_what_the_watermark_passed(store: StateStore) -> None:

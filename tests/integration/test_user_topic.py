@@ -4,18 +4,20 @@ Two streams, each produced here by a plain client, never by skewer's producer:
 
 - **JSON**, written by Apache Kafka's own console producer (a Java client: the jars of the
   native broker, ``org.apache.kafka.tools.ConsoleProducer``), keyed by a string field
-  ``user`` and timed by an ISO-8601 field ``ts``; some records are out of order within the
-  bound (5 s), some far beyond it, and some cannot be read (not JSON, no ``user``, a ``ts``
-  that is no time);
+  ``user``, timed by an ISO-8601 field ``ts``, and summed by a decimal field ``bytes``
+  (``--sum json:bytes``: a "bytes per user" job, some amounts finer than the millionths kept);
+  some records are out of order within the bound (5 s), some far beyond it, and some cannot
+  be read (not JSON, no ``user``, a ``ts`` that is no time, ``bytes`` that is no number);
 - **plain bytes** keyed by the Kafka key and timed by the Kafka timestamp (confluent-kafka
   with explicit timestamps), again with records out of order, late ones, and records without
   a key.
 
 Each stream runs under pkg and under mixed (a routing-table scheme: the controller runs),
 reading what the topic holds (a bounded run). Every run must pass the Spark batch recount
-(``verify --recount``'s check) and, independently, equal the counts computed here from the
-records as the broker stored them; the late records and the dead letters must be exactly the
-ones injected, the late ones decided by the rule written out below, record by record.
+(``verify --recount``'s check, sums included) and, independently, equal the counts (and sums)
+computed here from the records as the broker stored them; the late records and the dead letters
+must be exactly the ones injected, the late ones decided by the rule written out below, record
+by record.
 
 Then an idle partition (its source adopts the other's watermark after the idle timeout) and
 bad settings (one line, exit 2).
@@ -24,6 +26,7 @@ bad settings (one line, exit 2).
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import threading
@@ -32,6 +35,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -61,6 +65,8 @@ class Expected:
     counts: dict[int, Counter[bytes]]
     late: int
     dead_letters: Counter[str]
+    #: Sum of the amounts per window and key in millionths (streams with an amount).
+    sums: dict[int, Counter[bytes]]
 
 
 def event_times(rng: np.random.Generator, n: int) -> list[int]:
@@ -78,10 +84,12 @@ def event_times(rng: np.random.Generator, n: int) -> list[int]:
 
 def expected_from_topic(kafka: str, topic: str, parse: Any, window_ms: int = WINDOW_MS) -> Expected:
     """The counts, late records and dead letters the stored topic implies, partition by
-    partition in offset order: ``parse(record)`` gives (key, time) or a dead-letter reason.
-    A record is late when its window's end is at or below the watermark before it: the
-    highest event time of the partition's readable records before it minus the bound."""
+    partition in offset order: ``parse(record)`` gives (key, time, amount in millionths) or a
+    dead-letter reason. A record is late when its window's end is at or below the watermark
+    before it: the highest event time of the partition's readable records before it minus the
+    bound."""
     counts: dict[int, Counter[bytes]] = {}
+    sums: dict[int, Counter[bytes]] = {}
     dead: Counter[str] = Counter()
     late = 0
     highest: dict[int, int] = {}
@@ -90,15 +98,16 @@ def expected_from_topic(kafka: str, topic: str, parse: Any, window_ms: int = WIN
         if isinstance(parsed, str):
             dead[parsed] += 1
             continue
-        key, t = parsed
+        key, t, amount = parsed
         window = t // window_ms * window_ms
         seen = highest.get(record.partition)
         if seen is not None and window + window_ms - 1 <= seen - BOUND_MS:
             late += 1
         else:
             counts.setdefault(window, Counter())[key] += 1
+            sums.setdefault(window, Counter())[key] += amount
         highest[record.partition] = t if seen is None else max(seen, t)
-    return Expected(counts, late, dead)
+    return Expected(counts, late, dead, sums)
 
 
 # --- the JSON stream, by Kafka's console producer ----------------------------------------------
@@ -111,20 +120,28 @@ def json_lines() -> list[str]:
     for i, t in enumerate(event_times(rng, RECORDS)):
         user = f"u{int(rng.zipf(1.3)) % 500}"
         stamp = datetime.fromtimestamp(t / 1000, UTC).isoformat(timespec="milliseconds")
-        value: str = json.dumps({"user": user, "ts": stamp.replace("+00:00", "Z"), "n": i})
+        # Mostly whole or 3-decimal byte counts; every 7th with 9 decimals (floored to 6).
+        digits = 9 if i % 7 == 3 else int(rng.integers(0, 4))
+        amount = (
+            round(float(rng.uniform(0, 5_000)), digits) if digits else int(rng.integers(0, 5_000))
+        )
+        fields = {"user": user, "ts": stamp.replace("+00:00", "Z"), "bytes": amount, "n": i}
+        value: str = json.dumps(fields)
         if i % 997 == 500:
             value = "not json {"
         elif i % 1499 == 700:
             value = json.dumps({"name": user, "ts": stamp})
         elif i % 1999 == 900:
             value = json.dumps({"user": user, "ts": "yesterday"})
+        elif i % 1777 == 1000:
+            value = json.dumps({**fields, "bytes": "lots"})
         lines.append(f"{user}|{value}")
     return lines
 
 
-def parse_json(record: kafka_io.StoredRecord) -> tuple[bytes, int] | str:
+def parse_json(record: kafka_io.StoredRecord) -> tuple[bytes, int, int] | str:
     try:
-        doc = json.loads(record.value or b"")
+        doc = json.loads(record.value or b"", parse_float=Decimal)
     except ValueError:
         return "undecodable-value"
     if not isinstance(doc.get("user"), str):
@@ -133,7 +150,11 @@ def parse_json(record: kafka_io.StoredRecord) -> tuple[bytes, int] | str:
         stamp = datetime.fromisoformat(doc["ts"].replace("Z", "+00:00"))
     except ValueError:
         return "bad-time"
-    return doc["user"].encode(), round(stamp.timestamp() * 1000)
+    if not isinstance(doc.get("bytes"), int | Decimal):
+        return "bad-amount"
+    # Exact decimal arithmetic: finer digits than millionths are floored.
+    micros = math.floor(Decimal(doc["bytes"]) * 10**6)
+    return doc["user"].encode(), round(stamp.timestamp() * 1000), micros
 
 
 def console_produce(settings: config.Settings, topic: str, lines: list[str]) -> None:
@@ -174,10 +195,10 @@ def produce_bytes(settings: config.Settings, topic: str) -> None:
     assert producer.flush(60) == 0
 
 
-def parse_bytes(record: kafka_io.StoredRecord) -> tuple[bytes, int] | str:
+def parse_bytes(record: kafka_io.StoredRecord) -> tuple[bytes, int, int] | str:
     if not record.key:
         return "no-key"
-    return record.key, record.timestamp_ms
+    return record.key, record.timestamp_ms, 0
 
 
 # --- the runs ----------------------------------------------------------------------------------
@@ -188,6 +209,7 @@ class Outcome:
     plan: RunPlan
     summary: RunSummary
     results: dict[int, dict[bytes, int]]
+    result_sums: dict[int, dict[bytes, int]]
     late_topic: int
     dead_letter_reasons: Counter[str]
     cli_verify: str | None = None
@@ -200,6 +222,7 @@ def run_on_topic(
         store = pipeline.store
         summary = pipeline.summary()
         results = {w: store.result(w) for w in store.final_windows()}
+        result_sums = {w: store.result_sums(w) for w in store.final_windows()}
         names = plan.names
         late_topic = len(kafka_io.read_topic(settings.kafka_bootstrap, names.late_topic))
         dead = Counter(
@@ -215,10 +238,12 @@ def run_on_topic(
             )  # fmt: skip
             assert done.returncode == 0, done.stdout + done.stderr[-2000:]
             verified = done.stdout
-    return Outcome(plan, summary, results, late_topic, dead, verified)
+    return Outcome(plan, summary, results, result_sums, late_topic, dead, verified)
 
 
-def plans_for(topic: str, key: str, time_spec: str, tag: str) -> list[RunPlan]:
+def plans_for(
+    topic: str, key: str, time_spec: str, tag: str, amount: str | None = None
+) -> list[RunPlan]:
     return [
         RunPlan(
             scheme=scheme,
@@ -229,6 +254,7 @@ def plans_for(topic: str, key: str, time_spec: str, tag: str) -> list[RunPlan]:
             input_topic=topic,
             key=key,
             time=time_spec,
+            sum=amount,
             max_out_of_order_ms=BOUND_MS,
             run_id=f"own-{tag}-{scheme}-{new_run_id()[5:]}",
         )
@@ -241,6 +267,10 @@ def check(outcome: Outcome, expected: Expected) -> None:
     verification = summary.verification
     assert verification.exact, "\n".join(verification.lines())
     assert outcome.results == {w: dict(c) for w, c in expected.counts.items()}
+    if outcome.plan.sum is not None:
+        assert outcome.result_sums == {w: dict(c) for w, c in expected.sums.items()}
+    else:
+        assert not any(outcome.result_sums.values())
     assert summary.late_records == outcome.late_topic == expected.late > 0
     assert outcome.dead_letter_reasons == expected.dead_letters
     assert summary.dead_letter_reasons == dict(expected.dead_letters)
@@ -255,8 +285,12 @@ def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(
     topic = create_topic(topic_name, PARTITIONS)
     console_produce(settings, topic, json_lines())
     expected = expected_from_topic(settings.kafka_bootstrap, topic, parse_json)
-    assert expected.dead_letters == Counter({"undecodable-value": 12, "no-key": 8, "bad-time": 6})
-    plans = plans_for(topic, "json:user", "json:ts:iso", "json")
+    assert expected.dead_letters == Counter(
+        {"undecodable-value": 12, "no-key": 8, "bad-time": 6, "bad-amount": 7}
+    )
+    # Some amounts have digits beyond the millionths kept: the sums must floor them alike.
+    assert any(s % 1_000 for c in expected.sums.values() for s in c.values())
+    plans = plans_for(topic, "json:user", "json:ts:iso", "json", amount="json:bytes")
     with ThreadPoolExecutor(len(plans)) as pool:
         outcomes = list(
             pool.map(
@@ -266,7 +300,7 @@ def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(
     for outcome in outcomes:
         check(outcome, expected)
     cli = next(o.cli_verify for o in outcomes if o.cli_verify is not None)
-    assert cli.startswith("exact: every (key, window) count equals the recount")
+    assert cli.startswith("exact: every (key, window) count and sum equals the recount")
 
 
 def test_a_bytes_topic_keyed_and_timed_by_kafka_is_grouped_exactly(
@@ -292,6 +326,8 @@ def test_a_bytes_topic_keyed_and_timed_by_kafka_is_grouped_exactly(
         (["--key", "json:"], "--key json: names no field"),
         (["--time", "json:ts:minutes"], "unknown time unit 'minutes'"),
         (["--max-out-of-order", "5 parsecs"], "--max-out-of-order '5 parsecs': not a duration"),
+        (["--sum", "json:"], "--sum json: names no field"),
+        (["--sum", "kafka-key"], "--sum kafka-key: not an amount source"),
         ([], "no such topic"),
     ],
 )
@@ -306,6 +342,17 @@ def test_bad_settings_fail_at_start_with_one_line_and_exit_2(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("skewer group: error:"), done.stderr
     assert message in lines[0]
+
+
+def test_a_sum_without_a_topic_of_ones_own_fails_with_one_line() -> None:
+    command = [sys.executable, "-m", "pipeline.cli", "group", "--workers", "2"]
+    command += ["--sum", "json:bytes", "--run-id", f"bad-{new_run_id()[5:]}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        "skewer group: error: --sum json:bytes needs --input-topic: skewer's own records carry "
+        "no amount"
+    )
 
 
 # --- an idle partition -------------------------------------------------------------------------

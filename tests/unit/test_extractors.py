@@ -64,18 +64,18 @@ def run(ex: Extractor, values: list[bytes | None], keys: Any = None, stamps: Any
     assert_same(from_list, from_arrow)
     assert len(from_list.keys) == n
     assert from_list.event_time_ms.dtype == np.int64 and from_list.event_time_ms.shape == (n,)
-    assert from_list.amounts.dtype == np.float64 and from_list.amounts.shape == (n,)
+    assert from_list.amount_micros.dtype == np.int64 and from_list.amount_micros.shape == (n,)
     assert from_list.reasons.dtype == np.int8 and from_list.reasons.shape == (n,)
     bad = from_list.reasons >= 0
     assert all(from_list.keys[i] == b"" for i in np.flatnonzero(bad))
-    assert not from_list.event_time_ms[bad].any() and not from_list.amounts[bad].any()
+    assert not from_list.event_time_ms[bad].any() and not from_list.amount_micros[bad].any()
     return from_list
 
 
 def assert_same(a: Extraction, b: Extraction) -> None:
     assert a.keys.to_list() == b.keys.to_list()
     assert a.event_time_ms.tolist() == b.event_time_ms.tolist()
-    assert a.amounts.tobytes() == b.amounts.tobytes()
+    assert a.amount_micros.tolist() == b.amount_micros.tolist()
     assert a.reasons.tolist() == b.reasons.tolist()
 
 
@@ -189,7 +189,7 @@ def test_kafka_key_and_timestamp() -> None:
     assert named(out.reasons) == ["ok", "no-key", "no-key", "key-too-large", "bad-time", "ok"]
     assert out.keys.to_list() == [b"a", b"", b"", b"", b"", b"c"]
     assert out.event_time_ms.tolist() == [5, 0, 0, 0, 0, 0]
-    assert not out.amounts.any()
+    assert not out.amount_micros.any()
     assert ex.extract(None, keys, stamps).reasons.tolist() == out.reasons.tolist()
 
 
@@ -319,7 +319,7 @@ def test_pretty_printed_json_and_whitespace() -> None:
     out = run(ex, values)
     assert out.keys.to_list() == [b"u1"] * 3
     assert out.event_time_ms.tolist() == [17] * 3
-    assert out.amounts.tolist() == [2.5] * 3
+    assert out.amount_micros.tolist() == [2_500_000] * 3
 
 
 @pytest.mark.parametrize(
@@ -489,6 +489,11 @@ def test_json_amounts() -> None:
         b'{"n": -2.5}',
         b'{"n": 0.30000000000000004}',
         b'{"n": 1e-400}',
+        b'{"n": -1e-400}',
+        b'{"n": 999999999999.9999999}',
+        b'{"n": 1.5E+3}',
+        b'{"n": 1000000000000}',
+        b'{"n": -1e12}',
         b'{"n": 123456789012345678901234567890}',
         b'{"n": 1e400}',
         b'{"n": NaN}',
@@ -499,14 +504,18 @@ def test_json_amounts() -> None:
         b"{}",
     ]
     out = run(ex, values)
-    assert out.amounts.tolist()[:5] == [
-        512.0,
-        -2.5,
-        0.30000000000000004,
-        0.0,
-        1.2345678901234568e29,
+    # millionths, computed from the digits: finer digits are floored, never rounded by a float
+    assert out.amount_micros.tolist()[:7] == [
+        512_000_000,
+        -2_500_000,
+        300_000,
+        0,
+        -1,
+        999_999_999_999_999_999,
+        1_500_000_000,
     ]
-    assert named(out.reasons) == ["ok"] * 5 + ["bad-amount"] * 7
+    # magnitudes of 10**12 and more would not leave an int64 sum room: refused, not wrapped
+    assert named(out.reasons) == ["ok"] * 7 + ["bad-amount"] * 10
 
 
 def test_the_first_failing_check_wins() -> None:
@@ -524,13 +533,13 @@ def test_the_first_failing_check_wins() -> None:
     assert out.reasons.tolist() == [UNDECODABLE, NO_KEY, KEY_TOO_LARGE, BAD_TIME, BAD_AMOUNT, OK]
     assert out.keys.to_list() == [b""] * 5 + [b"a"]
     assert out.event_time_ms.tolist() == [0] * 5 + [1]
-    assert out.amounts.tolist() == [0.0] * 5 + [2.0]
+    assert out.amount_micros.tolist() == [0] * 5 + [2_000_000]
 
 
 def test_same_field_for_key_time_and_amount() -> None:
     out = run(extractor("json:x", "json:x", "json:x"), [b'{"x": 5}', b'{"x": 5.5}'])
     assert out.keys.to_list() == [b"5", b""]
-    assert out.event_time_ms.tolist() == [5, 0] and out.amounts.tolist() == [5.0, 0.0]
+    assert out.event_time_ms.tolist() == [5, 0] and out.amount_micros.tolist() == [5_000_000, 0]
 
 
 def test_arrow_inputs_of_every_shape_agree() -> None:
@@ -595,7 +604,8 @@ def test_csv_fields_and_quoting() -> None:
         b"\xffraw bytes\x00",
     ]
     assert out.event_time_ms[ok].tolist() == [5, 6, 7, 12, 13, 16, 17, 18]
-    assert out.amounts[ok].tolist() == [1.5, 2.0, 3.0, 6.0, 7.0, 100.0, 10.0, 11.0]
+    assert (out.amount_micros[ok] // 10**6).tolist() == [1, 2, 3, 6, 7, 100, 10, 11]
+    assert out.amount_micros[0] == 1_500_000
 
 
 def test_csv_times_and_amounts() -> None:
@@ -621,7 +631,7 @@ def test_csv_times_and_amounts() -> None:
         "bad-time",
     ]
     assert s.event_time_ms.tolist() == [1234, 0, 0, 0, 5000, 7000, 0, 0]
-    assert s.amounts.tolist() == [3.0, 0, 0, 0, 0.5, 5.0, 0, 0]
+    assert s.amount_micros.tolist() == [3_000_000, 0, 0, 0, 500_000, 5_000_000, 0, 0]
     iso = run(extractor("csv:0", "csv:2:iso", "csv:3"), values)
     assert named(iso.reasons) == [
         "ok",
@@ -731,16 +741,16 @@ def reference_json(value: bytes | None, key: str, time: str, unit: str, amount: 
     """(reason, key, time, amount) of one record by json.loads, as the module docstring says."""
     obj = reference_decode(value)
     if obj is None:
-        return UNDECODABLE, b"", 0, 0.0
+        return UNDECODABLE, b"", 0, 0
     k = obj.get(key)
     if isinstance(k, str) and k:
         key_bytes = k.encode("utf-8", "surrogatepass")
     elif type(k) is int:
         key_bytes = str(k).encode()
     else:
-        return NO_KEY, b"", 0, 0.0
+        return NO_KEY, b"", 0, 0
     if len(key_bytes) > MAX_KEY_BYTES:
-        return KEY_TOO_LARGE, b"", 0, 0.0
+        return KEY_TOO_LARGE, b"", 0, 0
     t = obj.get(time)
     if unit == "iso":
         ms = reference_iso(t) if isinstance(t, str) else None
@@ -748,15 +758,12 @@ def reference_json(value: bytes | None, key: str, time: str, unit: str, amount: 
         number = reference_number(t)
         ms = math.floor(number * (1000 if unit == "s" else 1)) if number is not None else None
     if ms is None or abs(ms) >= TIME_LIMIT:
-        return BAD_TIME, b"", 0, 0.0
+        return BAD_TIME, b"", 0, 0
     a = reference_number(obj.get(amount))
-    try:
-        amount_value = float(obj[amount]) if a is not None else math.nan
-    except OverflowError:
-        amount_value = math.inf
-    if not math.isfinite(amount_value):
-        return BAD_AMOUNT, b"", 0, 0.0
-    return OK, key_bytes, ms, amount_value
+    micros = math.floor(a * 10**6) if a is not None else None
+    if micros is None or abs(micros) >= TIME_LIMIT:
+        return BAD_AMOUNT, b"", 0, 0
+    return OK, key_bytes, ms, micros
 
 
 def check_against_reference(values: list[bytes | None], unit: str) -> None:
@@ -768,7 +775,7 @@ def check_against_reference(values: list[bytes | None], unit: str) -> None:
             out.reasons.tolist(),
             out.keys.to_list(),
             out.event_time_ms.tolist(),
-            out.amounts.tolist(),
+            out.amount_micros.tolist(),
             strict=True,
         )
     )
@@ -888,3 +895,15 @@ def test_csv_matches_the_csv_module(rows: list[list[str]], column: int) -> None:
         (parsed,) = list(csv.reader(io.StringIO(value.decode(), newline="")))
         field = parsed[column] if column < len(parsed) else ""
         assert (reason, key) == ((OK, field.encode()) if field else (NO_KEY, b""))
+
+
+def test_amounts_alone_agree_with_the_whole_extraction() -> None:
+    """A worker reads only the amounts of the values it is handed: the same millionths."""
+    ex = extractor("json:k", "json:t", "json:n")
+    values = [b'{"k": "a", "t": 1, "n": 0.25}', b'{"k": "a", "t": 1}', b"x", None] * 50
+    whole = ex.extract(values, None, None)
+    micros, ok = ex.amounts(pa.array(values, pa.binary()))
+    assert micros.tolist() == whole.amount_micros.tolist()
+    assert ok.tolist() == [True, False, False, False] * 50
+    with pytest.raises(ValueError, match="no --sum"):
+        extractor("json:k", "json:t").amounts(values)

@@ -51,8 +51,17 @@ def test_environment_overrides(tmp_path: Path) -> None:
 
 
 def test_a_bad_address_names_its_variable() -> None:
-    with pytest.raises(ValueError, match=r"^SKEWER_KAFKA_BOOTSTRAP='localhost' is not HOST:PORT$"):
-        config.load({"SKEWER_KAFKA_BOOTSTRAP": "localhost"})
+    for bad in ("localhost", "k1:9092,", "k1:9092,k2", "::1:9092", "k1:0", "k1:x"):
+        with pytest.raises(ValueError, match=r"^SKEWER_KAFKA_BOOTSTRAP='.*' is not HOST:PORT"):
+            config.load({"SKEWER_KAFKA_BOOTSTRAP": bad})
+
+
+def test_a_bootstrap_list_of_several_brokers() -> None:
+    """A Kafka cluster's bootstrap list is host:port pairs; the first is the native broker's."""
+    settings = config.load({"SKEWER_KAFKA_BOOTSTRAP": "10.0.0.1:9092, kafka-2:9093,[::1]:9094"})
+    assert (settings.kafka_host, settings.kafka_port) == ("10.0.0.1", 9092)
+    assert settings.kafka_hosts == ["10.0.0.1", "kafka-2", "::1"]
+    assert config.load({"SKEWER_KAFKA_BOOTSTRAP": "[::1]:19092"}).kafka_host == "::1"
 
 
 def test_kafka_server_properties_are_filled_in(tmp_path: Path) -> None:
@@ -149,3 +158,18 @@ def test_console_script_help_lists_every_subcommand() -> None:
         [str(script), "services", "--help"], capture_output=True, text=True, check=True
     )
     assert "{up,down,status,install}" in result.stdout
+
+
+def test_redis_keeps_an_append_only_file_with_the_chosen_fsync_policy(tmp_path: Path) -> None:
+    def flags(environ: dict[str, str]) -> dict[str, str]:
+        settings = config.load({"SKEWER_RUN_DIR": str(tmp_path), **environ})
+        [redis] = manager.native_services(settings, ["redis"])
+        command = redis.command()
+        return dict(zip(command[1::2], command[2::2], strict=False))
+
+    default = flags({})
+    assert default["--appendonly"] == "yes" and default["--appendfsync"] == "everysec"
+    assert default["--dir"] == str(tmp_path / "redis")
+    assert flags({"SKEWER_REDIS_APPENDFSYNC": "always"})["--appendfsync"] == "always"
+    with pytest.raises(ValueError, match=r"^SKEWER_REDIS_APPENDFSYNC='sometimes' is not one of"):
+        config.load({"SKEWER_REDIS_APPENDFSYNC": "sometimes"})

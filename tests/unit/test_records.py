@@ -14,6 +14,7 @@ import struct
 from collections import Counter
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,6 +32,8 @@ from pipeline.io.records import (
     encode_marker,
     encode_work,
     window_start,
+    work_headers,
+    work_payloads,
 )
 from pipeline.stages.grouping import (
     NO_WATERMARK,
@@ -279,3 +282,16 @@ def test_ground_truth_equals_a_counter(keys: list[bytes], window_ms: int) -> Non
         reference.setdefault(time_ms // window_ms * window_ms, Counter())[key] += 1
     assert {w: dict(c) for w, c in truth.items()} == {w: dict(c) for w, c in reference.items()}
     assert all(len(dict(c)) == len(c) for c in truth.values())  # no key listed twice
+
+
+def test_work_payloads_of_sliced_and_chunked_columns() -> None:
+    """A Spark task's column is often a slice of a bigger buffer, or in chunks."""
+    header = work_headers(np.array([1]), 0, np.array([0]), 0, 0)[0]
+    user = [b"a", b"", b"xyz" * 100, None, b"\xff"]
+    values = [None if u is None else header + u for u in user]
+    values.append(header[:10])  # shorter than a header: no payload
+    expected = [*user, b""]
+    padded = pa.array([b"pad" * 50, *values], pa.binary()).slice(1)
+    chunked = pa.chunked_array([pa.array(values[:2], pa.binary()), pa.array(values[2:])])
+    for column in (values, padded, chunked, pa.array(values, pa.large_binary())):
+        assert work_payloads(column).to_pylist() == expected

@@ -3,10 +3,12 @@ script's arguments, a task's decoding, result records (no Redis, Kafka or Spark 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -108,13 +110,18 @@ def test_script_args_layout() -> None:
     )
     assert batch.script_args("skewer:r:", n_sources=2) == [
         "skewer:r:", 3, 12, 2,
-        2, 0, b"a", 4, 10_000, b"b", 1,
+        0, 2, 0, b"a", 4, 10_000, b"b", 1,
         2, 0, 5, 1, 9_999,
         5, 2,
         2, 2, 2, 7, 3,
         1, 1, 4,
         "0.0",
     ]  # fmt: skip
+    summed = dataclasses.replace(batch, sums=np.array([-3, 2**62]))
+    assert summed.script_args("skewer:r:", n_sources=2)[4:13] == [
+        1, 2, 0, b"a", 4, -3, 10_000, b"b", 1,
+    ]  # fmt: skip
+    assert summed.script_args("skewer:r:", n_sources=2)[13] == 2**62
 
 
 def test_key_text_examples() -> None:
@@ -177,6 +184,36 @@ def test_worker_batch_by_hand() -> None:
     assert (batch.worker, batch.batch_id, batch.records, batch.rejected) == (1, 4, 5, 0)
     # Latencies 10, 10, 15, 20, 110 ms -> buckets 20, 20, 24, 27, 41.
     assert dict(batch.latency) == {20: 2, 24: 1, 27: 1, 41: 1}
+
+
+def test_a_sum_runs_amounts_come_from_the_users_value_after_the_header() -> None:
+    """A run with --sum: each DATA record's amount is read from the user's bytes after the
+    36-byte header, summed per (window, key); a record without one is rejected, not summed."""
+    from pipeline.io.extractors import Extractor, parse_amount, parse_key, parse_time
+
+    amounts = Extractor(parse_key("json:u"), parse_time("json:t"), parse_amount("json:bytes"))
+    user_values = [b'{"u": "a", "t": 5, "bytes": 1.5}', b'{"u": "a", "t": 6, "bytes": 2}',
+                   b'{"u": "b", "t": 7, "bytes": 0.000001}', b'{"u": "b", "t": 8}']  # fmt: skip
+    headers = records.work_headers(
+        np.array([5, 6, 7, 8]), partition=0, offsets=np.arange(4), source=0, table_version=0
+    )
+    values = [h + v for h, v in zip(headers, user_values, strict=True)]
+    values.append(records.encode_marker(records.Kind.WATERMARK, source=0, time_ms=3))
+    keys = [b"a", b"a", b"b", b"b", None]
+    for column in (values, pa.array(values, pa.binary())):
+        decoded = decode_partition(keys, column, amounts)
+        assert decoded.data.tolist() == [True, True, True, False, False]
+        assert decoded.rejected == 1
+        batch = to_worker_batch(
+            decoded, np.zeros(5), worker=0, batch_id=0, now_ms=0, window_ms=10, n_sources=1
+        )
+        assert batch.sums is not None
+        got = zip(batch.keys.to_list(), batch.counts.tolist(), batch.sums.tolist(), strict=True)
+        assert sorted(got) == [(b"a", 2, 3_500_000), (b"b", 1, 1)]
+    assert to_worker_batch(
+        decode_partition(keys, values), np.zeros(5), worker=0, batch_id=0, now_ms=0,
+        window_ms=10, n_sources=1,
+    ).sums is None  # fmt: skip
 
 
 def test_watermark_of_an_unknown_source_fails_loudly() -> None:
