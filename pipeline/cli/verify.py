@@ -49,15 +49,15 @@ def run(args: argparse.Namespace) -> int:
     if args.recount:
         from pipeline.io.spark_session import build_spark_session
         from pipeline.runs.recount import verify_recount
-        from pipeline.stages.user_topic import restore
+        from pipeline.stages.user_topic import recorded
 
-        described = client.get(kafka_io.RunNames(args.run_id).redis_key("input"))
-        if described is None:
+        found = recorded(client, args.run_id)
+        if found is None:
             raise UsageError(
                 f"run {args.run_id!r} read no topic of its own (--input-topic): nothing to "
                 "recount; drop --recount to check it against its producers' ground truth"
             )
-        user_topic, prefix = restore(described)
+        user_topic, prefix = found
         kafka_io.require_kafka(settings.kafka_bootstrap)
         spark = build_spark_session("skewer-recount", settings=settings)
         try:

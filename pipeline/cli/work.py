@@ -77,14 +77,14 @@ def _sources(bootstrap: str, redis_url: str, names: RunNames) -> int:
     stage recorded (``--input-topic``) or else ``keys`` (waited for a while)."""
     from pipeline.cli.arguments import UsageError
     from pipeline.io import kafka_io
-    from pipeline.stages.user_topic import restore
+    from pipeline.stages.user_topic import recorded
 
     client = kafka_io.connect_redis(redis_url)
     try:
-        described = client.get(names.redis_key("input"))
+        found = recorded(client, names.run_id)
     finally:
         client.close()
-    keys_topic = restore(described)[0].topic if described else names.keys_topic
+    keys_topic = found[0].topic if found is not None else names.keys_topic
     deadline = time.monotonic() + KEYS_TOPIC_WAIT_SECONDS
     while (partitions := kafka_io.topic_partitions(bootstrap, keys_topic)) is None:
         if time.monotonic() > deadline:

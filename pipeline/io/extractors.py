@@ -896,7 +896,7 @@ def _scaled_floor(data: np.ndarray, s: int, e: int, shift: int) -> tuple:
 
 
 @numba.njit(cache=True)
-def _number_times(
+def _scaled_numbers(
     data: np.ndarray,
     starts: np.ndarray,
     ends: np.ndarray,
@@ -904,6 +904,8 @@ def _number_times(
     shift: int,
     strip: bool,
 ) -> tuple:
+    """(ok, floor(x * 10**shift)) of each present span's decimal number text: times in ms
+    (shift 0 or 3) and amounts in millionths (:data:`AMOUNT_DIGITS`) alike."""
     n = starts.shape[0]
     ok = np.zeros(n, dtype=np.bool_)
     out = np.zeros(n, dtype=np.int64)
@@ -1295,7 +1297,7 @@ class Extractor:
         else:
             present = present & (field.modes == RAW)
         shift = 3 if self.time.unit == "s" else 0
-        ok, times = _number_times(data, starts, ends, present, shift, csv)
+        ok, times = _scaled_numbers(data, starts, ends, present, shift, csv)
         return times, ok
 
     def _amounts(self, data: np.ndarray, field: _Field) -> tuple[np.ndarray, np.ndarray]:
@@ -1305,7 +1307,7 @@ class Extractor:
             present = field.present & (field.modes == RAW)
         else:
             present = (field.kinds == K_INT) | (field.kinds == K_FLOAT)
-        ok, micros = _number_times(data, field.starts, field.ends, present, AMOUNT_DIGITS, csv)
+        ok, micros = _scaled_numbers(data, field.starts, field.ends, present, AMOUNT_DIGITS, csv)
         return micros, ok
 
     def amounts(self, values: Values) -> tuple[np.ndarray, np.ndarray]:

@@ -72,6 +72,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from operators.keys import KeyBatch
+from operators.windows import merge_partials
 from pipeline.io.kafka_io import RunNames, retry_through_restarts
 
 if TYPE_CHECKING:
@@ -394,6 +395,26 @@ class Verification:
         return self.mismatch_count == 0 and self.windows > 0
 
 
+@dataclass
+class Differences:
+    """The (window, key) values that differ between what was expected and what a run gave:
+    how many were compared, how many differ, and the first ``keep`` as ``(window, key,
+    expected, got)`` (keys in byte order, so the report is the same on every rerun)."""
+
+    keep: int = 20
+    compared: int = 0
+    count: int = 0
+    first: list[tuple[int, bytes, int, int]] = field(default_factory=list)
+
+    def compare(self, window: int, expected: Mapping[bytes, int], got: Mapping[bytes, int]) -> None:
+        for key in sorted(expected.keys() | got.keys()):
+            self.compared += 1
+            if expected.get(key, 0) != got.get(key, 0):
+                self.count += 1
+                if len(self.first) < self.keep:
+                    self.first.append((window, key, expected.get(key, 0), got.get(key, 0)))
+
+
 @dataclass(frozen=True)
 class WindowPartials:
     """Every worker's partial counts and sums of one window (index = worker)."""
@@ -404,12 +425,6 @@ class WindowPartials:
 
 def _int_map(raw: Mapping[bytes, bytes]) -> dict[bytes, int]:
     return {key: int(value) for key, value in raw.items()}
-
-
-def _added(state: dict[bytes, int], held: Mapping[bytes, int]) -> dict[bytes, int]:
-    for key, value in held.items():
-        state[key] = state.get(key, 0) + value
-    return state
 
 
 def _window_suffix(key: bytes, prefix: bytes) -> int:
@@ -498,8 +513,8 @@ class StateStore:
         replies = [_int_map(reply) for reply in pipe.execute()[1:]]
         per_worker = [replies[4 * worker : 4 * worker + 4] for worker in range(n_workers)]
         return WindowPartials(
-            counts=[_added(state, held) for state, held, _, _ in per_worker],
-            sums=[_added(total, held_total) for _, _, total, held_total in per_worker],
+            counts=[merge_partials([state, held]) for state, held, _, _ in per_worker],
+            sums=[merge_partials([total, held_total]) for _, _, total, held_total in per_worker],
         )
 
     def finalize_window(
@@ -614,18 +629,13 @@ class StateStore:
     def verify(self, max_mismatches: int = 20) -> Verification:
         """Every (key, window) of the ground truth against the final result, both ways."""
         windows = sorted(set(self.truth_windows()) | set(self.final_windows()))
-        mismatches: list[tuple[int, bytes, int, int]] = []
-        count = keys = 0
+        differences = Differences(max_mismatches)
+        keys = 0
         for window in windows:
-            truth, result = self.truth(window), self.result(window)
+            truth = self.truth(window)
             keys += len(truth)
-            for key in truth.keys() | result.keys():
-                expected, got = truth.get(key, 0), result.get(key, 0)
-                if expected != got:
-                    count += 1
-                    if len(mismatches) < max_mismatches:
-                        mismatches.append((window, key, expected, got))
-        return Verification(len(windows), keys, mismatches, count)
+            differences.compare(window, truth, self.result(window))
+        return Verification(len(windows), keys, differences.first, differences.count)
 
 
 def key_text(key: bytes) -> str:

@@ -44,6 +44,7 @@ import pyarrow as pa
 
 from pipeline.io import kafka_io, records
 from pipeline.io.extractors import Extractor, format_amount
+from pipeline.io.state_store import Differences
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -290,7 +291,7 @@ def verify_recount(
     recounted = recount(spark, bootstrap, topic, extractor, window_ms, ends, late)
     counts = recounted.counts
     final = set(store.final_windows())
-    count_diff, sum_diff = _Differences(), _Differences()
+    count_diff, sum_diff = Differences(MAX_REPORTED), Differences(MAX_REPORTED)
     result_records = 0
     keys: set[bytes] = set()
     for window in sorted(set(counts) | final):
@@ -332,20 +333,3 @@ class Recount(NamedTuple):
     #: Late records left out, and records the extractor refused.
     late: int
     invalid: int
-
-
-@dataclass
-class _Differences:
-    """The (key, window) values that differ between the recount and the results."""
-
-    compared: int = 0
-    count: int = 0
-    first: list[tuple[int, bytes, int, int]] = field(default_factory=list)
-
-    def compare(self, window: int, expected: dict[bytes, int], got: dict[bytes, int]) -> None:
-        for key in sorted(set(expected) | set(got)):
-            self.compared += 1
-            if expected.get(key, 0) != got.get(key, 0):
-                self.count += 1
-                if len(self.first) < MAX_REPORTED:
-                    self.first.append((window, key, expected.get(key, 0), got.get(key, 0)))

@@ -44,9 +44,9 @@ class KafkaService(NativeService):
 
     def server_properties(self) -> str:
         """deploy/kafka/server.properties with this machine's addresses and data folder."""
-        [(controller_host, controller_port)] = config.host_ports(
+        controller_host, controller_port = config.host_ports(
             self.settings.kafka_controller, config.ENV_KAFKA_CONTROLLER
-        )[:1]
+        )[0]
         template = Template((config.DEPLOY_DIR / "kafka" / "server.properties").read_text())
         return template.substitute(
             broker_host=_in_listener(self.settings.kafka_host),

@@ -951,10 +951,7 @@ def prepare(config: StageConfig) -> None:
     client = kafka_io.connect_redis(config.redis_url)
     try:
         if config.input is not None:
-            # what `skewer verify --recount` needs to recount the topic the way this run read it
-            client.set(
-                config.names.redis_key("input"), user_topic.describe(config.input, config.names)
-            )
+            user_topic.record(client, config.input, config.names)
     finally:
         client.close()
     if config.input is not None:

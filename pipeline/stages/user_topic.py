@@ -52,7 +52,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -60,6 +60,9 @@ from pipeline.io import extractors
 from pipeline.io.extractors import Extractor
 from pipeline.io.kafka_io import RunNames
 from pipeline.io.records import END_OF_STREAM, window_start
+
+if TYPE_CHECKING:
+    import redis
 
 #: "No watermark yet": nothing seen and nothing forwarded.
 NO_WATERMARK = int(np.iinfo(np.int64).min)
@@ -106,6 +109,20 @@ def describe(topic: UserTopic, names: RunNames) -> str:
             "lateness_ms": topic.lateness_ms,
         }
     )
+
+
+def record(client: redis.Redis, topic: UserTopic, names: RunNames) -> None:
+    """Keep in Redis (``input``) how the run reads ``topic``: the workers' ``--sum``,
+    ``skewer work``'s source count and ``skewer verify --recount`` read it back
+    (:func:`recorded`). The grouping stage records it before it routes anything."""
+    client.set(names.redis_key("input"), describe(topic, names))
+
+
+def recorded(client: redis.Redis, run_id: str) -> tuple[UserTopic, str] | None:
+    """How run ``run_id`` reads a user's topic, and its topic prefix, as :func:`record` kept
+    it; None for a run on skewer's own producers (or before its grouping stage started)."""
+    described = client.get(RunNames(run_id=run_id).redis_key("input"))
+    return None if described is None else restore(described)
 
 
 def restore(text: str | bytes) -> tuple[UserTopic, str]:

@@ -84,7 +84,6 @@ from operators.keys import KeyBatch
 from operators.windows import count_per_window_key
 from pipeline.io import records
 from pipeline.io.extractors import Extractor
-from pipeline.io.kafka_io import RunNames
 from pipeline.io.state_store import StateStore, WorkerBatch, latency_buckets
 from pipeline.stages import user_topic
 
@@ -207,11 +206,10 @@ def run_amounts(store: StateStore) -> Extractor | None:
     """The extractor of the amounts to sum, if the run's grouping stage reads a user's topic
     with ``--sum`` (it records how it reads the topic before it routes anything, so a batch
     with records of such a run always finds it)."""
-    described = store.client.get(RunNames(run_id=store.keys.run_id).redis_key("input"))
-    if described is None:
+    found = user_topic.recorded(store.client, store.keys.run_id)
+    if found is None or found[0].extractor.amount is None:
         return None
-    extractor = user_topic.restore(described)[0].extractor
-    return extractor if extractor.amount is not None else None
+    return found[0].extractor
 
 
 #: StateStore per (Redis URL, run id) in each Python worker process (Spark reuses them).
@@ -531,9 +529,10 @@ def prepare(options: WorkOptions, store: StateStore) -> None:
 
 
 def start_query(
-    spark: SparkSession, options: WorkOptions, on_batch: BatchCallback
+    spark: SparkSession, options: WorkOptions, store: StateStore, on_batch: BatchCallback
 ) -> StreamingQuery:
-    """Start the streaming query (returns at once; the query runs in Spark's threads)."""
+    """Start the streaming query (returns at once; the query runs in Spark's threads);
+    ``store`` is the run's, read on the driver before each micro-batch."""
     from pyspark.sql import functions
 
     reader = (
@@ -549,8 +548,7 @@ def start_query(
         "partition", "key", "value", functions.expr("unix_millis(timestamp)").alias("timestamp_ms")
     )
 
-    store = StateStore.from_url(options.redis_url, options.run_id)
-    # None until the grouping stage of a run with --sum has recorded its input, then fixed.
+    # Empty until the grouping stage of a run with --sum has recorded its input, then fixed.
     amounts: list[Extractor] = []
 
     def process_batch(frame: DataFrame, batch_id: int) -> None:
@@ -626,7 +624,7 @@ def run(
 
     warm_up(spark, options.task_count)
     started = time.monotonic()
-    query = start_query(spark, options, count_batch)
+    query = start_query(spark, options, store, count_batch)
     try:
         while query.isActive and not summary.finished:
             if options.until_end and all(
