@@ -8,7 +8,7 @@ it writes a file_sd target file ``{run_dir}/prometheus/targets/{stage}-{run}-{pi
 atomically (rename) and deletes it when it closes -- at the end of the command, at interpreter
 exit, and on SIGTERM when the stage has no SIGTERM handler of its own; files left by processes
 that died with ``kill -9`` are removed by the next exporter that starts. Before it stops
-serving, the exporter waits (up to ``$SKEWER_METRICS_LINGER`` seconds, default 5) for one
+serving, the exporter waits (up to ``$SKEWER_METRICS_LINGER`` seconds, default 10) for one
 scrape by Prometheus (its User-Agent) that began after the stage finished, when a Prometheus
 has scraped it or answers at ``$SKEWER_PROMETHEUS_URL``: a stage that ends between two scrapes
 -- a producer done in a second, say -- would otherwise never show its final counts.
@@ -70,7 +70,12 @@ ENV_METRICS_LINGER = "SKEWER_METRICS_LINGER"
 MULTIPROC_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 UNKNOWN_SCHEME = "unknown"
 DEFAULT_HOST = "127.0.0.1"
-DEFAULT_LINGER_SECONDS = 5.0
+#: Long enough for Prometheus to find a new file_sd target: its first scrape came 2.6-5.0 s
+#: after the target file was written (native Prometheus, 1 s scrape interval, idle 2-core
+#: machine; service discovery and the scrape manager both batch updates), so a producer done
+#: in half a second went unscraped with 5 s on a busy machine. The wait ends at the first
+#: scrape after the stage finished, so a stage Prometheus already scrapes waits ~1 s at most.
+DEFAULT_LINGER_SECONDS = 10.0
 #: The port every skewer service listens on inside its compose container.
 COMPOSE_PORT = 9464
 DISABLED_PORT = -1
