@@ -204,6 +204,8 @@ class Controller:
             "round": round_,
             "at_ms": control_plane.now_ms(),
             "reports": len(reports),
+            # Which sources' reports were merged: a late one is left out (``report_wait``).
+            "sources": sorted(r.source for r in reports),
             "table_version": planner.table.version,
             "tolerance": planner.tolerance,
         }

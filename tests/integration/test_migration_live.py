@@ -130,9 +130,17 @@ def run_live(
                 snapshots=watcher.snapshots,
                 offenders=watcher.offenders,
             )
+            merged_sources = {
+                int(r["round"]): set(r["sources"]) for r in outcome.intervals if "sources" in r
+            }
             for record in outcome.rebalances:
                 version = int(record["version"])
-                reports = plane.reports(int(record["round"]), SOURCES)
+                round_ = int(record["round"])
+                # Only the reports the controller merged: one that came after its report_wait
+                # is in Redis now but was not planned from.
+                reports = [
+                    r for r in plane.reports(round_, SOURCES) if r.source in merged_sources[round_]
+                ]
                 outcome.planned_from[version] = KeyStatistics.merge(
                     [r.statistics() for r in reports]
                 )
