@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.cli.arguments import add_command
+from pipeline.cli.arguments import add_command, add_spark_master_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,6 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--no-latency", action="store_true", help="skip the latency table at fixed offered loads"
     )
     e2e.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    add_spark_master_argument(e2e)
     e2e.set_defaults(handler=run_e2e)
     migration = commands.add_parser(
         "migration", help="routing-table schemes live: planning, migrated state, hold-back"
@@ -159,9 +160,11 @@ def run_own_topic(args: argparse.Namespace) -> int:
 
 def run_e2e(args: argparse.Namespace) -> int:
     from bench import end_to_end
-    from pipeline.cli.arguments import UsageError
+    from pipeline.cli.arguments import UsageError, spark_master_from_args
+    from pipeline.io import config
     from pipeline.runs.orchestrator import PipelineError
 
+    master = spark_master_from_args(args, config.load().spark_master)
     command = _command(
         args,
         "--records",
@@ -169,6 +172,7 @@ def run_e2e(args: argparse.Namespace) -> int:
         "--cpu-cost-us",
         f"{args.cpu_cost_us:g}",
         *(["--no-latency"] if args.no_latency else []),
+        *(["--spark-master", master] if master != config.DEFAULT_SPARK_MASTER else []),
     )
     began = time.perf_counter()
     try:
@@ -177,6 +181,7 @@ def run_e2e(args: argparse.Namespace) -> int:
             cpu_cost_us=args.cpu_cost_us,
             schemes=args.only or end_to_end.LIVE_SCHEMES,
             latency_loads=() if args.no_latency else end_to_end.LATENCY_LOADS,
+            spark_master=master,
             log=_log,
         )
     except ValueError as error:

@@ -301,11 +301,13 @@ def run(
     cpu_cost_us: float = CPU_COST_US,
     schemes: Sequence[str] = LIVE_SCHEMES,
     latency_loads: Sequence[float] = LATENCY_LOADS,
+    spark_master: str | None = None,
     log: Callable[[str], None] = lambda _line: None,
 ) -> ExperimentResult:
     """One saturated pipeline run per scheme, then (unless ``latency_loads`` is empty) key,
     pkg and the best other scheme at each fixed offered load, and pkg's zero-cost capacity
-    and latency at 25 % of it; the services must answer."""
+    and latency at 25 % of it; the services must answer. The workers run on ``spark_master``
+    (default: the settings', ``local`` unless ``SKEWER_SPARK_MASTER`` says otherwise)."""
     from pipeline.io import config
     from pipeline.runs.plan import RunPlan, new_run_id
 
@@ -317,6 +319,7 @@ def run(
         sources=SOURCES,
         workload=WORKLOAD,
         cpu_cost_us=cpu_cost_us,
+        spark_master=spark_master or settings.spark_master,
     )
 
     def measured(plan: RunPlan, label: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import re
 import signal
 from typing import TYPE_CHECKING
 
-from pipeline.io.config import SCHEME_VARIABLE
+from pipeline.io.config import ENV_SPARK_MASTER, SCHEME_VARIABLE, check_spark_master
 from pipeline.observe.exporter import ENV_METRICS_PORT, UNKNOWN_SCHEME, port_number
 
 if TYPE_CHECKING:
@@ -55,6 +55,31 @@ def add_command(
 def add_window_argument(parser: argparse.ArgumentParser) -> None:
     """``--window-ms``: the tumbling window's length, the same for every stage of a run."""
     parser.add_argument("--window-ms", type=int, default=10_000, help="window length (10000)")
+
+
+def add_spark_master_argument(parser: argparse.ArgumentParser) -> None:
+    """``--spark-master``: where the workers' Spark tasks run (default ``$SKEWER_SPARK_MASTER``,
+    else ``local``: threads of the ``skewer work`` process)."""
+    parser.add_argument(
+        "--spark-master",
+        metavar="URL",
+        help=f"local[...], spark://HOST:PORT, k8s://URL or yarn (default: ${ENV_SPARK_MASTER}, "
+        "else local)",
+    )
+
+
+def spark_master_from_args(args: argparse.Namespace, default: str) -> str:
+    """``--spark-master``, else ``default`` (the settings' ``spark_master``); a
+    :class:`UsageError` if Spark would not take it, or if it is a ``spark://`` master that does
+    not answer (checked before anything starts: a driver would retry it for a minute)."""
+    from pipeline.io.spark_session import SparkClusterError, require_master_answers
+
+    try:
+        master = check_spark_master(args.spark_master or default, "--spark-master")
+        require_master_answers(master)
+    except (ValueError, SparkClusterError) as error:
+        raise UsageError(str(error)) from None
+    return master
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:

@@ -32,6 +32,7 @@ from pipeline.cli.arguments import (
     add_input_topic_arguments,
     add_param_argument,
     add_scheme_argument,
+    add_spark_master_argument,
 )
 from producers.workloads import DEFAULT_WORKLOAD
 
@@ -98,6 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds (1800)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_spark_master_argument(parser)
     parser.set_defaults(handler=run)
 
 
@@ -151,11 +153,12 @@ def _say(line: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.cli.arguments import UsageError, user_topic_from_args
+    from pipeline.cli.arguments import UsageError, spark_master_from_args, user_topic_from_args
     from pipeline.io import config
     from pipeline.runs import orchestrator, report
     from pipeline.runs.plan import RunPlan
 
+    settings = config.load()
     scheme = config.resolve_scheme(args.scheme, DEFAULT_SCHEME)
     fields = {
         "scheme": scheme,
@@ -170,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
         "topic_prefix": args.topic_prefix,
         "control_interval": args.control_interval,
         "params": tuple(args.param),
+        "spark_master": spark_master_from_args(args, settings.spark_master),
     }
     if args.event_rate is not None:
         fields["event_rate"] = args.event_rate
@@ -189,8 +193,6 @@ def run(args: argparse.Namespace) -> int:
         plan.validate()
     except ValueError as error:
         raise UsageError(str(error)) from None
-
-    settings = config.load()
     try:
         lease = orchestrator.ensure_services(
             settings, start=not args.no_start, keep=args.keep_services
@@ -238,6 +240,12 @@ def run(args: argparse.Namespace) -> int:
                     _say(f"kept: topics {topics}, Redis keys {plan.names.redis_prefix}*")
                 else:
                     pipeline.cleanup(logs=summary is not None)
+    except orchestrator.StageFailedError as error:
+        # A stage that refused its settings (exit 2: fewer Spark cores than tasks, say) is the
+        # user's to fix, as if the demo had refused them itself.
+        reason = error.reason.removeprefix(f"skewer {error.stage}: error: ")
+        _say(f"error: {error.stage}: {reason}" if error.code == 2 else f"error: {error}")
+        return 2 if error.code == 2 else 1
     except orchestrator.PipelineError as error:
         _say(f"error: {error}")
         return 1

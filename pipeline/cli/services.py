@@ -7,6 +7,9 @@ changes nothing); ``down`` stops exactly the processes ``up`` started; ``status`
 line per service and exits 1 if any is down; ``install`` only fetches Kafka's jars and Spark's
 Kafka source (Maven, once) and checks the Debian binaries. Exit code 1 with one line
 ``skewer services: <name> failed to start; see <log>`` when a service does not come up.
+``up --spark-workers N`` also starts a Spark standalone master (``spark://127.0.0.1:17077``,
+``$SKEWER_SPARK_STANDALONE``) and N workers of ``--spark-worker-cores C`` cores each (4), for
+``--spark-master`` of ``skewer work`` and ``skewer demo``; ``status`` and ``down`` cover them.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeline.cli.arguments import add_command
+from pipeline.cli.arguments import UsageError, add_command, require_at_least
 from pipeline.io import artifacts, config
-from pipeline.services import manager, native
+from pipeline.services import manager, native, spark_standalone
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,11 +37,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help=f"services to act on (default: all of {', '.join(manager.SERVICE_NAMES)})",
     )
+    parser.add_argument(
+        "--spark-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="up: also a Spark standalone master and N workers",
+    )
+    parser.add_argument(
+        "--spark-worker-cores",
+        type=int,
+        default=spark_standalone.DEFAULT_WORKER_CORES,
+        metavar="C",
+        help=f"cores each Spark worker offers ({spark_standalone.DEFAULT_WORKER_CORES})",
+    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     settings = config.load()
+    if args.spark_workers and args.action != "up":
+        raise UsageError("--spark-workers is an option of `up`")
+    require_at_least(0, ("--spark-workers", args.spark_workers))
+    require_at_least(1, ("--spark-worker-cores", args.spark_worker_cores))
     try:
         if args.action == "install":
             for service in manager.native_services(settings, args.names):
@@ -48,7 +69,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"spark jars:  {', '.join(jar.name for jar in jars)}")
             return 0
         if args.action == "up":
-            states = manager.up(settings, args.names)
+            states = manager.up(
+                settings,
+                args.names,
+                spark_workers=args.spark_workers,
+                spark_worker_cores=args.spark_worker_cores,
+            )
         elif args.action == "down":
             states = manager.down(settings, args.names)
         else:

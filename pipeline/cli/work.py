@@ -2,7 +2,8 @@
 
 Layer: cli.
 
-Kafka partition w of ``work`` is worker w (Spark ``local[max(W, 2)]``, one task per partition);
+Kafka partition w of ``work`` is worker w (Spark ``local[max(T, 2)]`` for T tasks by default, or
+the cluster ``--spark-master`` names, whose executors must offer a core per task: W by default);
 each worker counts its records per (key, tumbling window) into Redis, idempotently per
 (worker, micro-batch), and tracks its watermark (see pipeline/stages/worker_job.py).
 ``--cpu-cost-us C`` makes each worker spend C µs per record, as a wait, so W workers on a
@@ -26,8 +27,10 @@ from typing import TYPE_CHECKING
 
 from pipeline.cli.arguments import (
     add_command,
+    add_spark_master_argument,
     add_stage_arguments,
     add_window_argument,
+    spark_master_from_args,
     stop_on_sigterm,
 )
 from pipeline.observe import workers as worker_metrics
@@ -67,6 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="T",
         help="Spark tasks per micro-batch, each holding W/T workers (default: cores, at most W)",
     )
+    add_spark_master_argument(parser)
     add_stage_arguments(parser, scheme_label=True, until_end="stop at END_OF_STREAM")
     parser.add_argument("--verbose", action="store_true", help="a line per micro-batch")
     parser.set_defaults(handler=run)
@@ -116,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
         until_end=args.until_end,
         max_records_per_batch=args.max_records_per_batch,
         tasks=args.tasks,
+        spark_master=spark_master_from_args(args, settings.spark_master),
     )
     try:
         options.validate()

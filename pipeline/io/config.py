@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,14 @@ ENV_KAFKA_CONTROLLER = "SKEWER_KAFKA_CONTROLLER"
 ENV_REDIS_URL = "SKEWER_REDIS_URL"
 ENV_PROMETHEUS_URL = "SKEWER_PROMETHEUS_URL"
 ENV_CACHE_DIR = "SKEWER_CACHE_DIR"
+#: Where the workers' Spark driver sends its tasks: ``local`` (the default: threads in the
+#: driver, as many as the job has tasks), ``local[...]``, ``spark://``, ``k8s://`` or ``yarn``.
+ENV_SPARK_MASTER = "SKEWER_SPARK_MASTER"
+DEFAULT_SPARK_MASTER = "local"
+#: The native Spark standalone master (``skewer services up --spark-workers N``): its RPC
+#: address; its web UI listens on the next port, worker i's on the port after that plus i.
+ENV_SPARK_STANDALONE = "SKEWER_SPARK_STANDALONE"
+DEFAULT_SPARK_STANDALONE = "127.0.0.1:17077"
 #: When the native Redis flushes its append-only file to disk (README, "Durability").
 ENV_REDIS_APPENDFSYNC = "SKEWER_REDIS_APPENDFSYNC"
 REDIS_APPENDFSYNC_POLICIES = ("always", "everysec", "no")
@@ -81,6 +90,49 @@ def host_ports(addresses: str, variable: str) -> list[tuple[str, int]]:
     return pairs
 
 
+def check_spark_master(url: str, variable: str = ENV_SPARK_MASTER) -> str:
+    """``url`` if Spark accepts it as a master (``local``, ``local[N]``, ``local[*]``,
+    ``local[N,F]``, ``spark://HOST:PORT[,HOST:PORT...]``, ``k8s://...``, ``yarn``); else a
+    ValueError naming ``variable``.
+
+    Example:
+        >>> check_spark_master("spark://m1:7077,m2:7077"), check_spark_master("local[4,2]")
+        ('spark://m1:7077,m2:7077', 'local[4,2]')
+        >>> check_spark_master("spark://m", "-m")
+        Traceback (most recent call last):
+        ...
+        ValueError: -m='spark://m' is not local[...], spark://HOST:PORT, k8s://URL or yarn
+    """
+    url = url.strip()
+    valid = (
+        url in ("local", "yarn")
+        or re.fullmatch(r"local\[(\*|[1-9]\d*)(,[1-9]\d*)?\]", url) is not None
+        or (url.startswith("k8s://") and len(url) > len("k8s://"))
+    )
+    if url.startswith("spark://"):
+        try:
+            host_ports(url[len("spark://") :], variable)
+            valid = True
+        except ValueError:
+            valid = False
+    if not valid:
+        raise ValueError(
+            f"{variable}={url!r} is not local[...], spark://HOST:PORT, k8s://URL or yarn"
+        )
+    return url
+
+
+def spark_master_addresses(url: str) -> list[tuple[str, int]]:
+    """The (host, port) of each master of a ``spark://`` URL; empty for any other master.
+
+    >>> spark_master_addresses("spark://m1:7077,m2:7078"), spark_master_addresses("yarn")
+    ([('m1', 7077), ('m2', 7078)], [])
+    """
+    if not url.startswith("spark://"):
+        return []
+    return host_ports(url[len("spark://") :], ENV_SPARK_MASTER)
+
+
 def redacted_url(url: str) -> str:
     """``url`` with its password replaced by ``***``, for messages and logs.
 
@@ -107,6 +159,8 @@ class Settings:
     run_dir: Path
     #: The native Redis's ``appendfsync`` policy (its append-only file is always on).
     redis_appendfsync: str = DEFAULT_REDIS_APPENDFSYNC
+    spark_master: str = DEFAULT_SPARK_MASTER
+    spark_standalone: str = DEFAULT_SPARK_STANDALONE
 
     @property
     def kafka_host(self) -> str:
@@ -125,6 +179,19 @@ class Settings:
     @property
     def kafka_controller_port(self) -> int:
         return host_ports(self.kafka_controller, ENV_KAFKA_CONTROLLER)[0][1]
+
+    @property
+    def spark_standalone_url(self) -> str:
+        """The native standalone master's URL, as ``--spark-master`` takes it."""
+        return f"spark://{self.spark_standalone}"
+
+    @property
+    def spark_standalone_port(self) -> int:
+        return host_ports(self.spark_standalone, ENV_SPARK_STANDALONE)[0][1]
+
+    @property
+    def spark_standalone_host(self) -> str:
+        return host_ports(self.spark_standalone, ENV_SPARK_STANDALONE)[0][0]
 
     @property
     def redis_host(self) -> str:
@@ -187,6 +254,8 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
         cache_dir=cache_dir,
         run_dir=Path(env.get(ENV_RUN_DIR, str(cache_dir / "run"))).resolve(),
         redis_appendfsync=env.get(ENV_REDIS_APPENDFSYNC, DEFAULT_REDIS_APPENDFSYNC),
+        spark_master=env.get(ENV_SPARK_MASTER, DEFAULT_SPARK_MASTER).strip(),
+        spark_standalone=env.get(ENV_SPARK_STANDALONE, DEFAULT_SPARK_STANDALONE),
     )
     if settings.redis_appendfsync not in REDIS_APPENDFSYNC_POLICIES:
         raise ValueError(
@@ -196,4 +265,6 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
     # Validate the addresses now so a typo fails with the variable's name, not deep in a client.
     host_ports(settings.kafka_bootstrap, ENV_KAFKA_BOOTSTRAP)
     host_ports(settings.kafka_controller, ENV_KAFKA_CONTROLLER)
+    host_ports(settings.spark_standalone, ENV_SPARK_STANDALONE)
+    check_spark_master(settings.spark_master)
     return settings

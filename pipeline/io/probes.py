@@ -1,4 +1,5 @@
-"""Health probes: does the Kafka, Redis or Prometheus at an address answer? (layer: io)
+"""Health probes: does the Kafka, Redis, Prometheus or Spark master at an address answer?
+(layer: io)
 
 The native services' health checks, the test fixtures (against native services and
 containers alike) and the stages' start-up checks all ask these. Each probe returns a bool
@@ -13,9 +14,11 @@ Example:
 
 from __future__ import annotations
 
+import json
 import socket
 import urllib.error
 import urllib.request
+from typing import Any
 
 
 def accepts_connections(address: str, timeout: float) -> bool:
@@ -62,3 +65,15 @@ def prometheus_answers(url: str, timeout: float = 2.0) -> bool:
             return response.status == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+def spark_status(web_url: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    """A Spark standalone daemon's state from its web UI's ``/json/`` (a master's: ``status``,
+    ``workers`` with their ``webuiaddress``, ``state`` and ``cores``), None when it does not
+    answer."""
+    try:
+        with urllib.request.urlopen(f"{web_url}/json/", timeout=timeout) as response:
+            status = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    return status if isinstance(status, dict) else None

@@ -71,6 +71,8 @@ class RunPlan:
     sum: str | None = None
     max_out_of_order_ms: int = 5_000
     idle_timeout_ms: int = 10_000
+    #: Where the workers' Spark tasks run (``--spark-master``); ``local`` by default.
+    spark_master: str = config.DEFAULT_SPARK_MASTER
 
     def user_topic(self) -> UserTopic | None:
         """How the grouping stage reads ``input_topic`` (ValueError for a bad spec)."""
@@ -208,6 +210,7 @@ class RunPlan:
             out += ["--cpu-cost-us", _number(self.cpu_cost_us), "--checkpoint", str(checkpoint)]
             if self.max_records_per_batch is not None:
                 out += ["--max-records-per-batch", str(self.max_records_per_batch)]
+            out += ["--spark-master", self.spark_master]
             return [*out, *run, "--until-end", "--json"]
         if stage == "control":
             out = ["control", "--scheme", self.scheme, *workers, "--sources", str(self.sources)]
@@ -235,6 +238,7 @@ class RunPlan:
             run_id=self.run_id,
             until_end=True,
             max_records_per_batch=self.max_records_per_batch,
+            spark_master=self.spark_master,
         )
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pipeline.io import config
 from pipeline.io.config import Settings
-from pipeline.services import process
+from pipeline.services import process, spark_standalone
 from pipeline.services.kafka_broker import KafkaService
 from pipeline.services.native import NativeService, ServiceError
 from pipeline.services.process import PidRecord
@@ -44,15 +44,66 @@ _SERVICE_CLASSES: dict[str, type[NativeService]] = {
 }
 
 
-def native_services(settings: Settings, names: Sequence[str] | None = None) -> list[NativeService]:
-    """The services called ``names`` (all of them by default), in a fixed order."""
-    wanted = SERVICE_NAMES if not names else tuple(names)
-    unknown = [name for name in wanted if name not in _SERVICE_CLASSES]
-    if unknown:
-        raise ServiceError(
-            f"unknown service {unknown[0]!r}; valid services: {', '.join(SERVICE_NAMES)}"
-        )
-    return [_SERVICE_CLASSES[name](settings) for name in SERVICE_NAMES if name in wanted]
+def native_services(
+    settings: Settings,
+    names: Sequence[str] | None = None,
+    *,
+    spark_workers: int = 0,
+    spark_worker_cores: int = spark_standalone.DEFAULT_WORKER_CORES,
+) -> list[NativeService]:
+    """The services called ``names``, in a fixed order (Spark's master before its workers).
+
+    By default: Kafka, Redis and Prometheus, and the Spark standalone master and workers that
+    ``up`` started (their pid files), so ``status`` and ``down`` cover them. ``spark_workers``
+    N adds the master and workers 1..N (``up --spark-workers N``); the name ``spark`` means the
+    master and the workers that run.
+    """
+    wanted = list(names or SERVICE_NAMES)
+    if "spark" in wanted:
+        wanted.remove("spark")
+        wanted += [spark_standalone.MASTER_NAME, *_spark_services_started(settings)]
+    elif not names:
+        wanted += _spark_services_started(settings, master=True)
+    if spark_workers:
+        wanted.append(spark_standalone.MASTER_NAME)
+        wanted += [f"spark-worker-{index}" for index in range(1, spark_workers + 1)]
+    services: dict[str, NativeService] = {}
+    for name in wanted:
+        if name in services:
+            continue
+        worker = spark_standalone.WORKER_NAME.match(name)
+        if name in _SERVICE_CLASSES:
+            services[name] = _SERVICE_CLASSES[name](settings)
+        elif name == spark_standalone.MASTER_NAME:
+            services[name] = spark_standalone.SparkMasterService(settings)
+        elif worker is not None:
+            services[name] = spark_standalone.SparkWorkerService(
+                settings, int(worker.group(1)), cores=spark_worker_cores
+            )
+        else:
+            raise ServiceError(
+                f"unknown service {name!r}; valid services: {', '.join(SERVICE_NAMES)}, "
+                "spark, spark-master, spark-worker-N"
+            )
+    return sorted(services.values(), key=_start_order)
+
+
+def _start_order(service: NativeService) -> tuple[int, int]:
+    if service.name in SERVICE_NAMES:
+        return (SERVICE_NAMES.index(service.name), 0)
+    if isinstance(service, spark_standalone.SparkWorkerService):
+        return (len(SERVICE_NAMES) + 1, service.index)
+    return (len(SERVICE_NAMES), 0)
+
+
+def _spark_services_started(settings: Settings, *, master: bool = False) -> list[str]:
+    """The Spark services with a pid file: workers in index order, the master first if asked."""
+    names = sorted(
+        (path.stem for path in settings.run_dir.glob("spark-worker-*.pid")),
+        key=lambda name: int(name.rpartition("-")[2]),
+    )
+    has_master = (settings.run_dir / f"{spark_standalone.MASTER_NAME}.pid").exists()
+    return ([spark_standalone.MASTER_NAME] if master and has_master else []) + names
 
 
 @dataclass(frozen=True)
@@ -68,7 +119,7 @@ class ServiceState:
 
     def line(self) -> str:
         pid = f"pid {self.pid}" if self.pid is not None else ""
-        return f"{self.name:<11}{self.state:<9}{self.address:<27}{pid}".rstrip()
+        return f"{self.name:<15}{self.state:<9}{self.address:<27}{pid}".rstrip()
 
 
 def _own_process(service: NativeService) -> PidRecord | None:
@@ -102,7 +153,11 @@ def status(
 def _spawn(service: NativeService) -> PidRecord:
     service.prepare()
     record = process.spawn(
-        service.name, service.command(), log_path=service.log_path, cwd=service.data_dir
+        service.name,
+        service.command(),
+        log_path=service.log_path,
+        cwd=service.data_dir,
+        env=service.environment(),
     )
     if record is None:  # it exited at once; its log says why
         raise ServiceError(f"{service.name} failed to start; see {service.log_path}")
@@ -110,8 +165,16 @@ def _spawn(service: NativeService) -> PidRecord:
     return record
 
 
-def up(settings: Settings | None = None, names: Sequence[str] | None = None) -> list[ServiceState]:
-    """Start every named service that does not answer yet, and wait until all are healthy.
+def up(
+    settings: Settings | None = None,
+    names: Sequence[str] | None = None,
+    *,
+    spark_workers: int = 0,
+    spark_worker_cores: int = spark_standalone.DEFAULT_WORKER_CORES,
+) -> list[ServiceState]:
+    """Start every named service that does not answer yet, and wait until all are healthy;
+    ``spark_workers`` N adds a Spark standalone master and N workers of
+    ``spark_worker_cores`` cores each.
 
     Returns one state per service: ``started`` for the ones this call started, ``running``
     or ``external`` for the ones already answering. Raises ServiceError naming the first
@@ -119,7 +182,9 @@ def up(settings: Settings | None = None, names: Sequence[str] | None = None) -> 
     a test session started is adopted: it stays up when the tests end.
     """
     settings = settings or config.load()
-    services = native_services(settings, names)
+    services = native_services(
+        settings, names, spark_workers=spark_workers, spark_worker_cores=spark_worker_cores
+    )
     for service in services:
         service.install()
     with process.services_lock(settings):
@@ -187,8 +252,11 @@ def down(
 ) -> list[ServiceState]:
     """Stop the processes ``up`` started (from their pid files), and nothing else."""
     settings = settings or config.load()
+    services = native_services(settings, names)
     with process.services_lock(settings):
-        return [_down_locked(service) for service in native_services(settings, names)]
+        # Workers before their master, so none is left retrying a master that is gone.
+        stopped = {s.name: _down_locked(s) for s in reversed(services)}
+    return [stopped[service.name] for service in services]
 
 
 def _down_locked(service: NativeService) -> ServiceState:

@@ -61,6 +61,10 @@ class NativeService(ABC):
     def command(self) -> list[str]:
         """The command line of the service process."""
 
+    def environment(self) -> dict[str, str] | None:
+        """The process's environment (None: this process's own)."""
+        return None
+
     @abstractmethod
     def healthy(self, timeout: float = 2.0) -> bool:
         """True when the service answers its health check."""

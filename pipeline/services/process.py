@@ -115,7 +115,14 @@ def services_lock(settings: Settings) -> Iterator[None]:
             fcntl.flock(lock_file, fcntl.LOCK_UN)
 
 
-def spawn(name: str, command: list[str], *, log_path: Path, cwd: Path) -> PidRecord | None:
+def spawn(
+    name: str,
+    command: list[str],
+    *,
+    log_path: Path,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+) -> PidRecord | None:
     """Start service ``name``'s ``command`` in its own session, logging to ``log_path``; None
     if it exited at once.
 
@@ -131,6 +138,7 @@ def spawn(name: str, command: list[str], *, log_path: Path, cwd: Path) -> PidRec
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=cwd,
+            env=env,
             start_new_session=True,
         )
     children[child.pid] = child

@@ -82,8 +82,9 @@ import pyarrow as pa
 
 from operators.keys import KeyBatch
 from operators.windows import count_per_window_key
-from pipeline.io import records
+from pipeline.io import config, records
 from pipeline.io.extractors import Extractor
+from pipeline.io.spark_session import is_local
 from pipeline.io.state_store import StateStore, WorkerBatch, latency_buckets
 from pipeline.stages import user_topic
 
@@ -453,12 +454,16 @@ class WorkOptions:
     #: Spark's ``maxOffsetsPerTrigger``: records per micro-batch over all partitions.
     max_records_per_batch: int | None = None
     #: Spark tasks per micro-batch, each holding W / tasks whole partitions (workers); by
-    #: default :func:`default_tasks`.
+    #: default :func:`default_tasks` locally and W on a cluster.
     tasks: int | None = None
+    #: ``local`` (threads of this process, one per task) or a cluster's master URL.
+    spark_master: str = config.DEFAULT_SPARK_MASTER
 
     @property
     def task_count(self) -> int:
-        return self.tasks if self.tasks is not None else default_tasks(self.workers)
+        if self.tasks is not None:
+            return self.tasks
+        return default_tasks(self.workers) if is_local(self.spark_master) else self.workers
 
     def validate(self) -> None:
         if self.workers < 1:
@@ -473,6 +478,10 @@ class WorkOptions:
             raise WorkerConfigError("--max-records-per-batch must be >= 1")
         if self.tasks is not None and not 1 <= self.tasks <= self.workers:
             raise WorkerConfigError(f"--tasks must be in 1..W={self.workers}, got {self.tasks}")
+        try:
+            config.check_spark_master(self.spark_master, "--spark-master")
+        except ValueError as error:
+            raise WorkerConfigError(str(error)) from None
 
 
 def default_tasks(workers: int) -> int:
@@ -600,21 +609,16 @@ def run(
 ) -> WorkSummary:
     """Run the job until END_OF_STREAM (``until_end``) or until interrupted.
 
-    ``spark`` defaults to a new ``local[max(W, 2), 4]`` session (stopped at the end); a given
-    session is left running (tests reuse one).
+    ``spark`` defaults to a new session (stopped at the end) on ``options.spark_master``:
+    ``local`` is ``local[max(T, 2), 4]`` for T tasks; on a cluster, its executors must offer a
+    core per task within a minute, else :class:`WorkerConfigError`. A given session is left
+    running (tests reuse one).
     """
     store = StateStore.from_url(options.redis_url, options.run_id)
     prepare(options, store)
     own_session = spark is None
     if spark is None:
-        from pipeline.io.spark_session import build_spark_session
-
-        slots = max(options.task_count, 2)
-        spark = build_spark_session(
-            f"skewer-work-{options.run_id}",
-            master=f"local[{slots},{TASK_ATTEMPTS}]",
-            shuffle_partitions=slots,
-        )
+        spark = job_session(options)
     summary = WorkSummary()
 
     def count_batch(batch_id: int, summaries: list[TaskSummary]) -> None:
@@ -652,6 +656,31 @@ def run(
         store.client.close()
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def job_session(options: WorkOptions) -> SparkSession:
+    """The job's own session on ``options.spark_master``, with a core for each task at once
+    (the cost model runs a micro-batch's tasks side by side); a session that has too few is
+    stopped again before :class:`WorkerConfigError` says so."""
+    from pipeline.io.spark_session import (
+        SparkClusterError,
+        build_spark_session,
+        require_executor_cores,
+    )
+
+    slots = max(options.task_count, 2)
+    master = options.spark_master
+    if master == config.DEFAULT_SPARK_MASTER:
+        master = f"local[{slots},{TASK_ATTEMPTS}]"
+    spark = build_spark_session(
+        f"skewer-work-{options.run_id}", master=master, shuffle_partitions=slots
+    )
+    try:
+        require_executor_cores(spark, options.task_count)
+    except SparkClusterError as error:
+        spark.stop()
+        raise WorkerConfigError(str(error)) from None
+    return spark
 
 
 def log_batch(batch_id: int, summaries: list[TaskSummary]) -> None:

@@ -174,6 +174,14 @@ def test_run_plan_passes_the_scheme_label_to_every_stage() -> None:
         assert argv[argv.index("--scheme") + 1] == "fish"
 
 
+def test_run_plan_sends_its_spark_master_to_the_work_stage_only() -> None:
+    plan = RunPlan(scheme="pkg", records=10, run_id="x", spark_master="spark://m:7077")
+    argv = plan.argv("work", config.load({}))
+    assert argv[argv.index("--spark-master") + 1] == "spark://m:7077"
+    assert "--spark-master" not in plan.argv("group", config.load({}))
+    assert plan.work_options(config.load({})).task_count == plan.workers
+
+
 # --- pure conversions ------------------------------------------------------------------------
 
 

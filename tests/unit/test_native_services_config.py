@@ -142,10 +142,11 @@ def test_pid_files_round_trip_and_garbage_reads_as_none(tmp_path: Path) -> None:
 def test_state_lines() -> None:
     assert (
         manager.ServiceState("kafka", "127.0.0.1:19092", "running", 42).line()
-        == "kafka      running  127.0.0.1:19092            pid 42"
+        == "kafka          running  127.0.0.1:19092            pid 42"
     )
     assert (
-        manager.ServiceState("redis", "redis://x", "down").line() == "redis      down     redis://x"
+        manager.ServiceState("redis", "redis://x", "down").line()
+        == "redis          down     redis://x"
     )
 
 
@@ -173,3 +174,43 @@ def test_redis_keeps_an_append_only_file_with_the_chosen_fsync_policy(tmp_path: 
     assert flags({"SKEWER_REDIS_APPENDFSYNC": "always"})["--appendfsync"] == "always"
     with pytest.raises(ValueError, match=r"^SKEWER_REDIS_APPENDFSYNC='sometimes' is not one of"):
         config.load({"SKEWER_REDIS_APPENDFSYNC": "sometimes"})
+
+
+def test_spark_standalone_services_order_and_the_spark_shorthand(tmp_path: Path) -> None:
+    settings = config.load({config.ENV_RUN_DIR: str(tmp_path)})
+    asked = manager.native_services(settings, ["redis"], spark_workers=2, spark_worker_cores=3)
+    assert [s.name for s in asked] == ["redis", "spark-master", "spark-worker-1", "spark-worker-2"]
+    worker = asked[-1]
+    assert worker.command()[worker.command().index("--cores") + 1] == "3"
+    assert worker.environment()["SPARK_LOCAL_IP"] == "127.0.0.1"  # type: ignore[index]
+    assert "spark.worker.cleanup.enabled=true" in worker.environment()["SPARK_WORKER_OPTS"]  # type: ignore[index]
+    # Without names: the default three, and the Spark services `up` left pid files of.
+    assert [s.name for s in manager.native_services(settings)] == list(manager.SERVICE_NAMES)
+    for name in ("spark-master", "spark-worker-10", "spark-worker-2"):
+        (tmp_path / f"{name}.pid").write_text("{}")
+    assert [s.name for s in manager.native_services(settings)][3:] == [
+        "spark-master",
+        "spark-worker-2",
+        "spark-worker-10",
+    ]
+    assert [s.name for s in manager.native_services(settings, ["spark"])] == [
+        "spark-master",
+        "spark-worker-2",
+        "spark-worker-10",
+    ]
+    with pytest.raises(native.ServiceError, match="spark, spark-master, spark-worker-N"):
+        manager.native_services(settings, ["spark-worker-0"])
+
+
+def test_spark_master_setting_is_checked_at_load() -> None:
+    assert config.load({config.ENV_SPARK_MASTER: " yarn "}).spark_master == "yarn"
+    assert config.load({}).spark_master == "local"
+    for bad in ("spark://host", "local[0]", "mesos://x:5050", "k8s://"):
+        with pytest.raises(ValueError, match=f"{config.ENV_SPARK_MASTER}="):
+            config.load({config.ENV_SPARK_MASTER: bad})
+
+
+def test_services_spark_workers_is_an_option_of_up_only() -> None:
+    from pipeline.cli import app
+
+    assert app.main(["services", "status", "--spark-workers", "2"]) == 2

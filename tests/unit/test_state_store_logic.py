@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 
 import numpy as np
 import pyarrow as pa
@@ -30,6 +31,7 @@ from pipeline.stages.worker_job import (
     WorkOptions,
     checkpoint_is_fresh,
     decode_partition,
+    default_tasks,
     service_finish_ms,
     to_worker_batch,
 )
@@ -237,9 +239,22 @@ def test_work_options_validation(tmp_path) -> None:
         dict(workers=2, window_ms=0),
         dict(workers=2, cpu_cost_us=-1),
         dict(workers=2, max_records_per_batch=0),
+        dict(workers=2, spark_master="spark://no-port"),
     ):
         with pytest.raises(WorkerJobError):
             WorkOptions(**bad, **base).validate()  # type: ignore[arg-type]
+
+
+def test_a_cluster_runs_a_task_per_worker_and_local_mode_one_per_core(tmp_path) -> None:
+    base = dict(
+        sources=1, kafka_bootstrap="h:1", redis_url="redis://h", checkpoint=tmp_path,
+        work_topic="work",
+    )  # fmt: skip
+    local = WorkOptions(workers=64, **base)  # type: ignore[arg-type]
+    assert local.task_count == default_tasks(64) <= (os.cpu_count() or 1)
+    cluster = WorkOptions(workers=64, spark_master="spark://m:7077", **base)  # type: ignore[arg-type]
+    assert cluster.task_count == 64
+    assert WorkOptions(workers=64, tasks=4, spark_master="yarn", **base).task_count == 4  # type: ignore[arg-type]
 
 
 def test_checkpoint_is_fresh(tmp_path) -> None:

@@ -1,0 +1,160 @@
+"""Spark's standalone cluster manager as local processes: one master, N workers. (layer: services)
+
+``skewer services up --spark-workers N`` runs them from the pip package's own launcher
+(``pyspark/bin/spark-class``; the package has no ``sbin`` scripts), so the cluster runs the
+very Spark the driver links: ``org.apache.spark.deploy.master.Master`` on
+``settings.spark_standalone`` (``spark://127.0.0.1:17077`` by default, its web UI on the next
+port) and ``...deploy.worker.Worker`` i on a web UI port after that, each offering C cores and
+M of memory to executors. Everything binds to 127.0.0.1 (``SPARK_LOCAL_IP``: without it the UI
+listens on every interface and Spark advertises the machine's external address), and a
+worker deletes the folders of finished applications (``spark.worker.cleanup.enabled``: every
+executor fetches the driver's jars into one). The master is healthy when its UI says ALIVE; a
+worker when it answers
+and the master lists it ALIVE.
+
+Example (no process is started):
+    >>> from pipeline.io import config
+    >>> settings = config.load({"SKEWER_CACHE_DIR": "/tmp/skewer-doc"})
+    >>> worker = SparkWorkerService(settings, 2, cores=4)
+    >>> worker.name, worker.web_url
+    ('spark-worker-2', 'http://127.0.0.1:17080')
+    >>> worker.command()[1:4]
+    ['org.apache.spark.deploy.worker.Worker', 'spark://127.0.0.1:17077', '--host']
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from pipeline.io.config import Settings
+from pipeline.io.probes import spark_status
+from pipeline.services.native import NativeService, ServiceError
+
+#: What one worker offers by default: the cores of the demo's W = 8 over two workers, and
+#: memory for one executor (~520 MiB resident with its Python workers; Spark asks 1 GiB).
+DEFAULT_WORKER_CORES = 4
+DEFAULT_WORKER_MEMORY = "1g"
+MASTER_NAME = "spark-master"
+WORKER_NAME = re.compile(r"^spark-worker-([1-9]\d*)$")
+
+
+def spark_home() -> Path:
+    """The pip package's Spark distribution (its ``bin/spark-class`` and ``jars/``)."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+class _SparkDaemon(NativeService):
+    start_timeout = 60.0
+
+    @property
+    def master_web_url(self) -> str:
+        host = self.settings.spark_standalone_host
+        return f"http://{host}:{self.settings.spark_standalone_port + 1}"
+
+    def install(self) -> None:
+        self._require_binary("java")
+        if not (spark_home() / "bin" / "spark-class").exists():
+            raise ServiceError(f"{self.name}: pyspark has no bin/spark-class; reinstall pyspark")
+
+    def environment(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "SPARK_LOCAL_IP": self.settings.spark_standalone_host,
+            "SPARK_LOG_DIR": str(self.data_dir),
+            "SPARK_NO_DAEMONIZE": "1",
+        }
+
+    def _spark_class(self, main: str, *arguments: str) -> list[str]:
+        return [str(spark_home() / "bin" / "spark-class"), main, *arguments]
+
+
+class SparkMasterService(_SparkDaemon):
+    """The standalone master (``spark://`` + ``settings.spark_standalone``)."""
+
+    name = MASTER_NAME
+
+    @property
+    def address(self) -> str:
+        return self.settings.spark_standalone_url
+
+    def command(self) -> list[str]:
+        return self._spark_class(
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            self.settings.spark_standalone_host,
+            "--port",
+            str(self.settings.spark_standalone_port),
+            "--webui-port",
+            str(self.settings.spark_standalone_port + 1),
+        )
+
+    def healthy(self, timeout: float = 2.0) -> bool:
+        status = spark_status(self.master_web_url, timeout)
+        return status is not None and status.get("status") == "ALIVE"
+
+
+class SparkWorkerService(_SparkDaemon):
+    """Standalone worker ``index`` (1, 2, ...), registered with the master."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        index: int,
+        *,
+        cores: int = DEFAULT_WORKER_CORES,
+        memory: str = DEFAULT_WORKER_MEMORY,
+    ) -> None:
+        super().__init__(settings)
+        self.index = index
+        self.cores = cores
+        self.memory = memory
+        self.name = f"spark-worker-{index}"
+
+    @property
+    def web_port(self) -> int:
+        return self.settings.spark_standalone_port + 1 + self.index
+
+    @property
+    def web_url(self) -> str:
+        return f"http://{self.settings.spark_standalone_host}:{self.web_port}"
+
+    @property
+    def address(self) -> str:
+        return self.web_url
+
+    def environment(self) -> dict[str, str]:
+        return {
+            **super().environment(),
+            "SPARK_WORKER_OPTS": "-Dspark.worker.cleanup.enabled=true "
+            "-Dspark.worker.cleanup.interval=300 -Dspark.worker.cleanup.appDataTtl=3600",
+        }
+
+    def command(self) -> list[str]:
+        return self._spark_class(
+            "org.apache.spark.deploy.worker.Worker",
+            self.settings.spark_standalone_url,
+            "--host",
+            self.settings.spark_standalone_host,
+            "--cores",
+            str(self.cores),
+            "--memory",
+            self.memory,
+            "--work-dir",
+            str(self.data_dir / "work"),
+            "--webui-port",
+            str(self.web_port),
+        )
+
+    def healthy(self, timeout: float = 2.0) -> bool:
+        # Its own UI too: the master lists a killed worker as ALIVE for a minute.
+        status = spark_status(self.master_web_url, timeout)
+        if status is None or spark_status(self.web_url, timeout) is None:
+            return False
+        return any(
+            worker.get("state") == "ALIVE" and worker.get("webuiaddress") == self.web_url
+            for worker in status.get("workers", [])
+        )
