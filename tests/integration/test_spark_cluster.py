@@ -7,19 +7,28 @@ spark://...`` then runs the workers as executors of that cluster, and every (key
 count must equal the ground truth. A cluster with fewer executor cores than the tasks of a
 micro-batch, and a master that does not answer, are refused at start with one line and exit
 2, and the refused session is gone from the master (nothing left half-started).
+
+Two fault tests kill a part of the cluster with SIGKILL mid-run (issue 13, point 5); each is
+described in its docstring.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from live_runs import RUN_TIMEOUT, run_of, wait_for
 
 from pipeline.cli import app
-from pipeline.io import config, probes
-from pipeline.services import manager
-from pipeline.services.spark_standalone import SparkMasterService
+from pipeline.io import config, kafka_io, probes
+from pipeline.runs.plan import RunPlan, new_run_id
+from pipeline.services import manager, process
+from pipeline.services.spark_standalone import SparkMasterService, SparkWorkerService
+from pipeline.stages.control_plane import ControlPlane
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -80,3 +89,102 @@ def test_a_master_that_does_not_answer_is_refused_with_exit_2(
         .splitlines()[-1]
         .endswith(f"the Spark master {url} does not answer")
     )
+
+
+def fault_plan(scheme: str, master_url: str, tag: str) -> RunPlan:
+    """A paced run long enough to kill something in its middle (~12 s of records)."""
+    drifting = scheme == "mixed"
+    return RunPlan(
+        scheme=scheme,
+        records=36_000,
+        workers=8,
+        sources=2,
+        workload=(
+            "drift:mode=fluctuate,z=1.0,keys=5000,intervals=4,workers=8,seed=3"
+            if drifting
+            else "zipf:z=1.2,keys=20000,seed=11"
+        ),
+        rate=3_000,
+        window_ms=2_000,
+        cpu_cost_us=100,
+        max_records_per_batch=4_000,
+        control_interval=1.0,
+        spark_master=master_url,
+        run_id=f"spark-{tag}-{new_run_id()[5:]}",
+    )
+
+
+def executor_pids() -> list[int]:
+    """The pids of the executor JVMs on this machine (the cluster's, in a test run)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                command = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"CoarseGrainedExecutorBackend" in command:
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_kill_9_of_a_spark_worker_mid_run_keeps_counts_exact(
+    master_url: str, settings: config.Settings
+) -> None:
+    """What is killed: standalone worker 1's JVM (SIGKILL) once a quarter of a pkg run's records
+    are processed; its executor exits with it (it watches its worker). When: mid-run, with
+    micro-batches in flight. Recovery expected: Spark re-runs the lost tasks on worker 2's
+    executor (the apply is idempotent per worker and batch, so a task that had applied is
+    skipped); worker 1 is started again and its new executor joins. No stage restarts, and
+    every (key, window) count equals the ground truth."""
+    worker = SparkWorkerService(settings, 1)
+    record = process.read_pid_file(worker.pid_path)
+    if record is None:
+        pytest.skip("the Spark workers are not this checkout's (started by someone else)")
+    plan = fault_plan("pkg", master_url, "worker")
+    with run_of(plan, settings) as pipeline:
+        pipeline.prepare()
+        pipeline.start_all()
+        wait_for(pipeline, lambda p: p.processed >= plan.records // 4, "a quarter processed")
+        assert pipeline.progress().processed < plan.records  # mid-run indeed
+        os.kill(record.pid, signal.SIGKILL)
+        states = manager.up(settings, [worker.name])
+        assert [s.state for s in states] == ["started"]
+        pipeline.wait(timeout=RUN_TIMEOUT)
+        summary = pipeline.summary()
+        assert summary.restarts == {}
+        assert summary.verification.exact, "\n".join(summary.verification.lines())
+        assert summary.records_produced == summary.records_processed == plan.records
+
+
+def test_kill_9_of_an_executor_during_a_migration_keeps_counts_exact(
+    master_url: str, settings: config.Settings
+) -> None:
+    """What is killed: one executor JVM (SIGKILL) of a mixed run on a drifting stream, at a
+    moment a migration is in flight (the controller published a table and keys move). Recovery
+    expected: the standalone worker launches a new executor for the application, Spark re-runs
+    the lost tasks, the migration completes, and every (key, window) count equals the ground
+    truth with no stage restarted."""
+    plan = fault_plan("mixed", master_url, "executor")
+    with run_of(plan, settings) as pipeline:
+        pipeline.prepare()
+        pipeline.start_all()
+        plane = ControlPlane(kafka_io.connect_redis(settings.redis_url), plan.run_id)
+        try:
+            wait_for(
+                pipeline,
+                lambda _: plane.current().migrating is not None,
+                "a migration in flight",
+                timeout=RUN_TIMEOUT,
+            )
+        finally:
+            plane.client.close()
+        assert pipeline.progress().processed < plan.records  # mid-run indeed
+        victims = executor_pids()
+        assert victims, "no executor JVM found"
+        os.kill(victims[0], signal.SIGKILL)
+        pipeline.wait(timeout=RUN_TIMEOUT)
+        summary = pipeline.summary()
+        assert summary.restarts == {}
+        assert summary.verification.exact, "\n".join(summary.verification.lines())
+        assert summary.records_produced == summary.records_processed == plan.records
