@@ -296,7 +296,8 @@ def test_plan_commands_and_balance_figures() -> None:
     checkpoint = plan.checkpoint_dir(config.load())
     assert " ".join(plan.argv("work")) == (
         "work --workers 3 --sources 1 --window-ms 10000 --cpu-cost-us 0.5 --checkpoint "
-        f"{checkpoint} --run-id x --topic-prefix x- --scheme fish --until-end --json"
+        f"{checkpoint} --spark-master local --run-id x --topic-prefix x- --scheme fish "
+        "--until-end --json"
     )
     assert plan.topics == ["x-keys", "x-work", "x-dead-letters", "x-late", "x-results"]
     assert plan.stages == ("work", "aggregate", "group", "produce")  # no routing table
