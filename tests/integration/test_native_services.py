@@ -166,7 +166,8 @@ def test_a_service_that_cannot_start_is_one_line_naming_it_and_its_log(
 def test_unknown_service_name_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert app.main(["services", "status", "zookeeper"]) == 1
     assert capsys.readouterr().err == (
-        "skewer services: unknown service 'zookeeper'; valid services: kafka, redis, prometheus\n"
+        "skewer services: unknown service 'zookeeper'; valid services: kafka, redis, prometheus, "
+        "spark, spark-master, spark-worker-N\n"
     )
 
 
