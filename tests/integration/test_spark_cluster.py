@@ -148,7 +148,8 @@ def test_kill_9_of_a_spark_worker_mid_run_keeps_counts_exact(
         wait_for(pipeline, lambda p: p.processed >= plan.records // 4, "a quarter processed")
         assert pipeline.progress().processed < plan.records  # mid-run indeed
         os.kill(record.pid, signal.SIGKILL)
-        states = manager.up(settings, [worker.name])
+        # A lease, not `up`: `up` adopts what it starts, and the worker would outlive the tests.
+        states = manager.acquire(settings, [worker.name])
         assert [s.state for s in states] == ["started"]
         pipeline.wait(timeout=RUN_TIMEOUT)
         summary = pipeline.summary()
