@@ -24,13 +24,13 @@ Spark's own choice holds, which ``SPARK_LOCAL_IP`` or ``spark.driver.host`` in
 from __future__ import annotations
 
 import os
-import socket
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.io import config
 from pipeline.io.artifacts import ensure_spark_jars
+from pipeline.io.probes import accepts_connections
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -68,13 +68,9 @@ def require_master_answers(master: str, timeout: float = 5.0) -> None:
     connection: without this a driver retries an absent master for a minute. Other masters
     (local, ``k8s://``, ``yarn``) are Spark's to check."""
     addresses = config.spark_master_addresses(master)
-    for host, port in addresses:
-        try:
-            with socket.create_connection((host, port), timeout=timeout):
-                return
-        except OSError:
-            continue
-    if addresses:
+    if addresses and not any(
+        accepts_connections(f"{host}:{port}", timeout) for host, port in addresses
+    ):
         raise SparkClusterError(f"the Spark master {master} does not answer")
 
 

@@ -66,7 +66,7 @@ def native_services(
         wanted += _spark_services_started(settings, master=True)
     if spark_workers:
         wanted.append(spark_standalone.MASTER_NAME)
-        wanted += [f"spark-worker-{index}" for index in range(1, spark_workers + 1)]
+        wanted += [spark_standalone.worker_name(i) for i in range(1, spark_workers + 1)]
     services: dict[str, NativeService] = {}
     for name in wanted:
         if name in services:

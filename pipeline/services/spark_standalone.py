@@ -9,8 +9,7 @@ M of memory to executors. Everything binds to 127.0.0.1 (``SPARK_LOCAL_IP``: wit
 listens on every interface and Spark advertises the machine's external address), and a
 worker deletes the folders of finished applications (``spark.worker.cleanup.enabled``: every
 executor fetches the driver's jars into one). The master is healthy when its UI says ALIVE; a
-worker when it answers
-and the master lists it ALIVE.
+worker when its own UI answers and the master lists it ALIVE.
 
 Example (no process is started):
     >>> from pipeline.io import config
@@ -40,6 +39,11 @@ MASTER_NAME = "spark-master"
 WORKER_NAME = re.compile(r"^spark-worker-([1-9]\d*)$")
 
 
+def worker_name(index: int) -> str:
+    """The service name of worker ``index`` (1, 2, ...), as :data:`WORKER_NAME` reads it."""
+    return f"spark-worker-{index}"
+
+
 def spark_home() -> Path:
     """The pip package's Spark distribution (its ``bin/spark-class`` and ``jars/``)."""
     import pyspark
@@ -51,9 +55,12 @@ class _SparkDaemon(NativeService):
     start_timeout = 60.0
 
     @property
+    def master_web_port(self) -> int:
+        return self.settings.spark_standalone_port + 1
+
+    @property
     def master_web_url(self) -> str:
-        host = self.settings.spark_standalone_host
-        return f"http://{host}:{self.settings.spark_standalone_port + 1}"
+        return f"http://{self.settings.spark_standalone_host}:{self.master_web_port}"
 
     def install(self) -> None:
         self._require_binary("java")
@@ -89,7 +96,7 @@ class SparkMasterService(_SparkDaemon):
             "--port",
             str(self.settings.spark_standalone_port),
             "--webui-port",
-            str(self.settings.spark_standalone_port + 1),
+            str(self.master_web_port),
         )
 
     def healthy(self, timeout: float = 2.0) -> bool:
@@ -112,11 +119,11 @@ class SparkWorkerService(_SparkDaemon):
         self.index = index
         self.cores = cores
         self.memory = memory
-        self.name = f"spark-worker-{index}"
+        self.name = worker_name(index)
 
     @property
     def web_port(self) -> int:
-        return self.settings.spark_standalone_port + 1 + self.index
+        return self.master_web_port + self.index
 
     @property
     def web_url(self) -> str:

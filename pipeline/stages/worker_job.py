@@ -611,7 +611,8 @@ def run(
 
     ``spark`` defaults to a new session (stopped at the end) on ``options.spark_master``:
     ``local`` is ``local[max(T, 2), 4]`` for T tasks; on a cluster, its executors must offer a
-    core per task within a minute, else :class:`WorkerConfigError`. A given session is left
+    core per task (:func:`~pipeline.io.spark_session.require_executor_cores`), else
+    :class:`WorkerConfigError`. A given session is left
     running (tests reuse one).
     """
     store = StateStore.from_url(options.redis_url, options.run_id)
