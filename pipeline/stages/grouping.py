@@ -97,10 +97,10 @@ from operators.base import Scheme, SchemeError, TableScheme
 from operators.keys import KeyBatch
 from pipeline.io import kafka_io, records
 from pipeline.io.extractors import REASONS as EXTRACTOR_REASONS
-from pipeline.io.records import END_OF_STREAM, MAX_KEY_BYTES, Kind
+from pipeline.io.records import MAX_KEY_BYTES, Kind
 from pipeline.services import process
 from pipeline.stages import control_plane, user_topic
-from pipeline.stages.user_topic import DataWatermark, UserTopic
+from pipeline.stages.user_topic import DataWatermark, ForwardedWatermark, UserTopic
 
 if TYPE_CHECKING:
     import redis
@@ -226,7 +226,7 @@ def dead_letter_value(
 
 
 @dataclass
-class SourceWatermark:
+class SourceWatermark(ForwardedWatermark):
     """The watermark of one source: min over the producers it has seen of their latest one."""
 
     producers: dict[int, int] = field(default_factory=dict)
@@ -247,18 +247,6 @@ class SourceWatermark:
 
     def current(self) -> int:
         return min(self.producers.values(), default=NO_WATERMARK)
-
-    def advance(self) -> int | None:
-        """The watermark to forward now (and remember as forwarded), or None if unchanged."""
-        now = self.current()
-        if now > self.forwarded:
-            self.forwarded = now
-            return now
-        return None
-
-    @property
-    def ended(self) -> bool:
-        return self.forwarded == END_OF_STREAM
 
     def to_metadata(self) -> str:
         return json.dumps({"p": self.producers, "f": self.forwarded}, separators=(",", ":"))

@@ -144,8 +144,31 @@ def restore(text: str | bytes) -> tuple[UserTopic, str]:
     return topic, str(state["topic_prefix"])
 
 
+class ForwardedWatermark:
+    """What a source's watermark does with its :meth:`current` value: forward it once it rose,
+    and say when it forwarded END_OF_STREAM. Shared by this module's :class:`DataWatermark` and
+    the grouping stage's watermark of skewer's producers; each declares ``forwarded``."""
+
+    forwarded: int
+
+    def current(self) -> int:
+        raise NotImplementedError
+
+    def advance(self) -> int | None:
+        """The watermark to forward now (and remember as forwarded), or None if unchanged."""
+        now = self.current()
+        if now > self.forwarded:
+            self.forwarded = now
+            return now
+        return None
+
+    @property
+    def ended(self) -> bool:
+        return self.forwarded == END_OF_STREAM
+
+
 @dataclass
-class DataWatermark:
+class DataWatermark(ForwardedWatermark):
     """One source's watermark on a user's topic: highest event time seen minus a bound."""
 
     bound_ms: int
@@ -173,18 +196,6 @@ class DataWatermark:
             return int(END_OF_STREAM)
         seen = self.max_event - self.bound_ms if self.max_event != NO_WATERMARK else NO_WATERMARK
         return max(seen, self.floor)
-
-    def advance(self) -> int | None:
-        """The watermark to forward now (and remember as forwarded), or None if unchanged."""
-        now = self.current()
-        if now > self.forwarded:
-            self.forwarded = now
-            return now
-        return None
-
-    @property
-    def ended(self) -> bool:
-        return self.forwarded == END_OF_STREAM
 
     def to_metadata(self) -> str:
         state = {"m": self.max_event, "l": self.floor, "f": self.forwarded, "e": self.end_offset}
