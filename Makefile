@@ -12,8 +12,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.skewer-installed
 DEMO_ARGS ?= --scheme pkg --records 100000 --verify
-# A hung test must not eat CI's whole budget.
-PYTEST_ARGS ?= --timeout=900
+# A hung test must not eat CI's whole budget; the slowest tests are listed, to keep it short.
+PYTEST_ARGS ?= --timeout=900 --durations=30
 
 .PHONY: help install system-packages python-env jars demo test up down status lint
 

@@ -8,6 +8,8 @@
 # 127.0.0.1 (pipeline/services/).
 set -euo pipefail
 
+# redis-server also runs Redis Sentinel (`redis-server CONF --sentinel`, `services up
+# --redis-sentinel`): Debian's redis-sentinel package only adds a link to it and a unit.
 declare -A package_of=(
   [redis-server]=redis-server
   [prometheus]=prometheus

@@ -95,3 +95,48 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def fault_plan(scheme: str, tag: str, **fields: Any) -> RunPlan:
+    """A paced run long enough to kill something in its middle (~12 s of records): pkg on a
+    Zipf stream, or mixed on a drifting one (migrations every few seconds); ``fields`` add to
+    or override the plan's (``spark_master=...``)."""
+    from pipeline.runs.plan import new_run_id
+
+    drifting = scheme == "mixed"
+    plan: dict[str, Any] = {
+        "scheme": scheme,
+        "records": 36_000,
+        "workers": 8,
+        "sources": 2,
+        "workload": (
+            "drift:mode=fluctuate,z=1.0,keys=5000,intervals=4,workers=8,seed=3"
+            if drifting
+            else "zipf:z=1.2,keys=20000,seed=11"
+        ),
+        "rate": 3_000,
+        "window_ms": 2_000,
+        "cpu_cost_us": 100,
+        "max_records_per_batch": 4_000,
+        "control_interval": 1.0,
+        "run_id": f"{tag}-{new_run_id()[5:]}",
+    }
+    return RunPlan(**{**plan, **fields})
+
+
+def wait_for_a_migration(pipeline: Pipeline, timeout: float = RUN_TIMEOUT) -> None:
+    """Wait until the run's controller has a migration in flight (a table published, keys'
+    state moving between workers)."""
+    from pipeline.io import kafka_io
+    from pipeline.stages.control_plane import ControlPlane
+
+    plane = ControlPlane(kafka_io.connect_redis(pipeline.settings.redis_url), pipeline.plan.run_id)
+    try:
+        wait_for(
+            pipeline,
+            lambda _: plane.current().migrating is not None,
+            "a migration in flight",
+            timeout=timeout,
+        )
+    finally:
+        plane.client.close()

@@ -70,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
     names = kafka_io.RunNames(args.run_id, args.topic_prefix)
     kafka_io.require_kafka(settings.kafka_bootstrap)
     client = kafka_io.connect_redis(settings.redis_url)
-    kafka_io.ensure_topic(settings.kafka_bootstrap, names.results_topic, 1)
+    kafka_io.ensure_topic(
+        settings.kafka_bootstrap, names.results_topic, 1, replication=settings.kafka_replication
+    )
     try:
         aggregator = Aggregator(
             StateStore(client, args.run_id),

@@ -154,7 +154,7 @@ def _say(line: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.cli.arguments import UsageError, spark_master_from_args, user_topic_from_args
-    from pipeline.io import config
+    from pipeline.io import config, kafka_io
     from pipeline.runs import orchestrator, report
     from pipeline.runs.plan import RunPlan
 
@@ -203,12 +203,14 @@ def run(args: argparse.Namespace) -> int:
     if lease.started:
         kept = "kept running" if args.keep_services else "stopped at the end"
         _say(f"started {', '.join(lease.started)} ({kept})")
-    if plan.input_topic is not None:
-        try:
+    try:
+        # Before any stage starts: a setting the cluster cannot meet is refused whole (exit 2).
+        kafka_io.require_replication(settings.kafka_bootstrap, settings.kafka_replication)
+        if plan.input_topic is not None:
             plan = _sized_to_topic(plan, settings)
-        except UsageError:
-            lease.release()
-            raise
+    except (UsageError, kafka_io.KafkaIOError):
+        lease.release()
+        raise
     quiet = args.quiet
     if not quiet:
         _say(

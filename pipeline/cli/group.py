@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         until_end=args.until_end,
         input=user_topic,
+        replication=settings.kafka_replication,
     )
     try:
         grouping.prepare(stage)

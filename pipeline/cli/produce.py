@@ -78,7 +78,12 @@ def run(args: argparse.Namespace) -> int:
     names = kafka_io.RunNames(args.run_id, args.topic_prefix)
     kafka_io.require_kafka(settings.kafka_bootstrap)
     redis_client = kafka_io.connect_redis(settings.redis_url)
-    kafka_io.ensure_run_topics(settings.kafka_bootstrap, names, sources=args.sources)
+    kafka_io.ensure_run_topics(
+        settings.kafka_bootstrap,
+        names,
+        sources=args.sources,
+        replication=settings.kafka_replication,
+    )
     exporter = start_exporter("produce", args.run_id, scheme_label(args.scheme), args.metrics_port)
     try:
         result = produce_stream(

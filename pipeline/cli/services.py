@@ -10,6 +10,11 @@ Kafka source (Maven, once) and checks the Debian binaries. Exit code 1 with one 
 ``up --spark-workers N`` also starts a Spark standalone master (``spark://127.0.0.1:17077``,
 ``$SKEWER_SPARK_STANDALONE``) and N workers of ``--spark-worker-cores C`` cores each (4), for
 ``--spark-master`` of ``skewer work`` and ``skewer demo``; ``status`` and ``down`` cover them.
+``up --redis-sentinel`` makes Redis a primary with 2 replicas (``redis-replica-1..2``) and 3
+sentinels (``redis-sentinel-1..3``, ``$SKEWER_REDIS_SENTINEL``), and prints the
+``SKEWER_REDIS_URL`` that reaches whichever is the primary; ``status`` and ``down`` cover them.
+``up --kafka-brokers 3`` runs Kafka as a cluster of three KRaft nodes (``kafka-1..3``, the first
+on the one broker's ports), where topics get three replicas, two in sync.
 """
 
 from __future__ import annotations
@@ -38,6 +43,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"services to act on (default: all of {', '.join(manager.SERVICE_NAMES)})",
     )
     parser.add_argument(
+        "--kafka-brokers",
+        type=int,
+        choices=(1, config.KAFKA_CLUSTER_NODES),
+        default=1,
+        metavar="N",
+        help=f"up: Kafka as 1 broker (default) or a cluster of {config.KAFKA_CLUSTER_NODES} nodes",
+    )
+    parser.add_argument(
         "--spark-workers",
         type=int,
         default=0,
@@ -51,6 +64,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="C",
         help=f"cores each Spark worker offers ({spark_standalone.DEFAULT_WORKER_CORES})",
     )
+    parser.add_argument(
+        "--redis-sentinel",
+        action="store_true",
+        help="up: also 2 Redis replicas and 3 sentinels that fail the primary over",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -58,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
     settings = config.load()
     if args.spark_workers and args.action != "up":
         raise UsageError("--spark-workers is an option of `up`")
+    if args.kafka_brokers > 1 and args.action != "up":
+        raise UsageError("--kafka-brokers is an option of `up`")
+    if args.redis_sentinel and args.action != "up":
+        raise UsageError("--redis-sentinel is an option of `up`")
     require_at_least(0, ("--spark-workers", args.spark_workers))
     require_at_least(1, ("--spark-worker-cores", args.spark_worker_cores))
     try:
@@ -74,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
                 args.names,
                 spark_workers=args.spark_workers,
                 spark_worker_cores=args.spark_worker_cores,
+                kafka_brokers=args.kafka_brokers,
+                redis_sentinel_set=args.redis_sentinel,
             )
         elif args.action == "down":
             states = manager.down(settings, args.names)
@@ -84,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     for state in states:
         print(state.line())
+    if args.redis_sentinel:
+        print(f"clients of the Sentinel set: export SKEWER_REDIS_URL={settings.redis_sentinel_url}")
     if args.action == "status" and any(state.state in ("down", "starting") for state in states):
         return 1
     return 0

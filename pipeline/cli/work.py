@@ -130,7 +130,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--sources must be >= 1, got {args.sources}")
     kafka_io.require_kafka(settings.kafka_bootstrap)
     kafka_io.connect_redis(settings.redis_url).close()
-    kafka_io.ensure_topic(settings.kafka_bootstrap, names.work_topic, args.workers)
+    kafka_io.ensure_topic(
+        settings.kafka_bootstrap,
+        names.work_topic,
+        args.workers,
+        replication=settings.kafka_replication,
+    )
     if args.sources is None:
         sources = _sources(settings.kafka_bootstrap, settings.redis_url, names)
         options = dataclasses.replace(options, sources=sources)

@@ -35,6 +35,12 @@ DEPLOY_DIR = PROJECT_ROOT / "deploy"
 
 ENV_KAFKA_BOOTSTRAP = "SKEWER_KAFKA_BOOTSTRAP"
 ENV_KAFKA_CONTROLLER = "SKEWER_KAFKA_CONTROLLER"
+#: Replicas of each topic skewer creates: ``auto`` (the default: min(3, brokers)) or a number,
+#: refused when the cluster has fewer brokers (pipeline.io.kafka_io.topic_replication).
+ENV_KAFKA_REPLICATION = "SKEWER_KAFKA_REPLICATION"
+#: The nodes of ``skewer services up --kafka-brokers 3``: node i (1, 2, 3) listens on the
+#: bootstrap and controller ports plus 2 (i - 1), so node 1 takes the single broker's ports.
+KAFKA_CLUSTER_NODES = 3
 ENV_REDIS_URL = "SKEWER_REDIS_URL"
 ENV_PROMETHEUS_URL = "SKEWER_PROMETHEUS_URL"
 ENV_CACHE_DIR = "SKEWER_CACHE_DIR"
@@ -50,6 +56,13 @@ DEFAULT_SPARK_STANDALONE = "127.0.0.1:17077"
 ENV_REDIS_APPENDFSYNC = "SKEWER_REDIS_APPENDFSYNC"
 REDIS_APPENDFSYNC_POLICIES = ("always", "everysec", "no")
 DEFAULT_REDIS_APPENDFSYNC = "everysec"
+#: The native Redis Sentinel set (``skewer services up --redis-sentinel``): sentinel i (1, 2, 3)
+#: listens on this port plus i - 1 and monitors the native Redis as service ``skewer``; the
+#: primary's replicas i listen on the Redis port plus i (pipeline.services.redis_sentinel).
+ENV_REDIS_SENTINEL = "SKEWER_REDIS_SENTINEL"
+DEFAULT_REDIS_SENTINEL = "127.0.0.1:36379"
+REDIS_SENTINEL_SERVICE = "skewer"
+REDIS_SENTINEL_NODES = 3
 #: Pid files, logs and data of running services; a second set of services (a test of the
 #: service manager itself) runs beside the first by pointing this elsewhere with other ports.
 ENV_RUN_DIR = "SKEWER_RUN_DIR"
@@ -88,6 +101,29 @@ def host_ports(addresses: str, variable: str) -> list[tuple[str, int]]:
             raise ValueError(f"{variable}={addresses!r} is not HOST:PORT[,HOST:PORT...]")
         pairs.append((host, int(port)))
     return pairs
+
+
+def _address(host: str, port: int) -> str:
+    """``HOST:PORT``, an IPv6 host in brackets (as :func:`host_ports` reads it back)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def replication_setting(value: str, variable: str = ENV_KAFKA_REPLICATION) -> int | None:
+    """``auto`` (None: min(3, brokers)) or a positive replica count; else a ValueError.
+
+    >>> replication_setting("auto"), replication_setting("3")
+    (None, 3)
+    >>> replication_setting("0")
+    Traceback (most recent call last):
+    ...
+    ValueError: SKEWER_KAFKA_REPLICATION='0' is not auto or a number of replicas (1, 2, 3 ...)
+    """
+    value = value.strip()
+    if value == "auto":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{variable}={value!r} is not auto or a number of replicas (1, 2, 3 ...)")
+    return int(value)
 
 
 def check_spark_master(url: str, variable: str = ENV_SPARK_MASTER) -> str:
@@ -159,8 +195,12 @@ class Settings:
     run_dir: Path
     #: The native Redis's ``appendfsync`` policy (its append-only file is always on).
     redis_appendfsync: str = DEFAULT_REDIS_APPENDFSYNC
+    #: The first native sentinel's address (``SKEWER_REDIS_SENTINEL``).
+    redis_sentinel: str = DEFAULT_REDIS_SENTINEL
     spark_master: str = DEFAULT_SPARK_MASTER
     spark_standalone: str = DEFAULT_SPARK_STANDALONE
+    #: Replicas of the topics skewer creates; None: min(3, brokers).
+    kafka_replication: int | None = None
 
     @property
     def kafka_host(self) -> str:
@@ -180,6 +220,34 @@ class Settings:
     def kafka_controller_port(self) -> int:
         return host_ports(self.kafka_controller, ENV_KAFKA_CONTROLLER)[0][1]
 
+    def kafka_node_address(self, node: int) -> str:
+        """Where node ``node`` (1..KAFKA_CLUSTER_NODES) of the native cluster takes clients.
+
+        >>> load({}).kafka_node_address(3)
+        '127.0.0.1:19096'
+        """
+        return _address(self.kafka_host, self.kafka_port + 2 * (node - 1))
+
+    def kafka_node_controller(self, node: int) -> str:
+        """Where node ``node`` of the native cluster's controller listens (its quorum voter).
+
+        >>> load({}).kafka_node_controller(2)
+        '127.0.0.1:19095'
+        """
+        host = host_ports(self.kafka_controller, ENV_KAFKA_CONTROLLER)[0][0]
+        return _address(host, self.kafka_controller_port + 2 * (node - 1))
+
+    @property
+    def kafka_cluster_bootstrap(self) -> str:
+        """Every node of the native cluster: the bootstrap list clients that must start while
+        any one node is down need (``SKEWER_KAFKA_BOOTSTRAP``).
+
+        >>> load({}).kafka_cluster_bootstrap
+        '127.0.0.1:19092,127.0.0.1:19094,127.0.0.1:19096'
+        """
+        nodes = range(1, KAFKA_CLUSTER_NODES + 1)
+        return ",".join(self.kafka_node_address(node) for node in nodes)
+
     @property
     def spark_standalone_url(self) -> str:
         """The native standalone master's URL, as ``--spark-master`` takes it."""
@@ -194,12 +262,44 @@ class Settings:
         return host_ports(self.spark_standalone, ENV_SPARK_STANDALONE)[0][0]
 
     @property
+    def native_redis_url(self) -> str:
+        """The native Redis (the Sentinel set's primary): ``redis_url``, unless that is a
+        ``redis+sentinel://`` URL, which names no Redis port; then the default one.
+
+        >>> load({"SKEWER_REDIS_URL": "redis+sentinel://h:1/s"}).native_redis_url
+        'redis://127.0.0.1:16379/0'
+        """
+        sentinel = urlsplit(self.redis_url).scheme == "redis+sentinel"
+        return DEFAULT_REDIS_URL if sentinel else self.redis_url
+
+    @property
     def redis_host(self) -> str:
-        return urlsplit(self.redis_url).hostname or "127.0.0.1"
+        return urlsplit(self.native_redis_url).hostname or "127.0.0.1"
 
     @property
     def redis_port(self) -> int:
-        return urlsplit(self.redis_url).port or 6379
+        return urlsplit(self.native_redis_url).port or 6379
+
+    def redis_sentinel_address(self, node: int) -> tuple[str, int]:
+        """(host, port) of native sentinel ``node`` (1..REDIS_SENTINEL_NODES)."""
+        host, port = host_ports(self.redis_sentinel, ENV_REDIS_SENTINEL)[0]
+        return host, port + node - 1
+
+    @property
+    def redis_sentinel_url(self) -> str:
+        """The native Sentinel set as ``SKEWER_REDIS_URL`` takes it (the native Redis's
+        credentials and database).
+
+        >>> load({}).redis_sentinel_url
+        'redis+sentinel://127.0.0.1:36379,127.0.0.1:36380,127.0.0.1:36381/skewer/0'
+        """
+        native = urlsplit(self.native_redis_url)
+        nodes = range(1, REDIS_SENTINEL_NODES + 1)
+        hosts = ",".join(_address(*self.redis_sentinel_address(node)) for node in nodes)
+        userinfo = native.netloc.rpartition("@")[0]
+        database = native.path.strip("/") or "0"
+        at = f"{userinfo}@" if userinfo else ""
+        return f"redis+sentinel://{at}{hosts}/{REDIS_SENTINEL_SERVICE}/{database}"
 
     @property
     def prometheus_host(self) -> str:
@@ -208,6 +308,30 @@ class Settings:
     @property
     def prometheus_port(self) -> int:
         return urlsplit(self.prometheus_url).port or 9090
+
+    def environ(self) -> dict[str, str]:
+        """These settings as the environment variables :func:`load` reads them from, so a child
+        process (a stage of a run) sees the same services.
+
+        >>> load(environ := load({"SKEWER_KAFKA_REPLICATION": "2"}).environ()) == load(environ)
+        True
+        >>> load({}).environ()["SKEWER_KAFKA_REPLICATION"]
+        'auto'
+        """
+        replication = "auto" if self.kafka_replication is None else str(self.kafka_replication)
+        return {
+            ENV_KAFKA_BOOTSTRAP: self.kafka_bootstrap,
+            ENV_KAFKA_CONTROLLER: self.kafka_controller,
+            ENV_KAFKA_REPLICATION: replication,
+            ENV_REDIS_URL: self.redis_url,
+            ENV_REDIS_APPENDFSYNC: self.redis_appendfsync,
+            ENV_REDIS_SENTINEL: self.redis_sentinel,
+            ENV_PROMETHEUS_URL: self.prometheus_url,
+            ENV_CACHE_DIR: str(self.cache_dir),
+            ENV_RUN_DIR: str(self.run_dir),
+            ENV_SPARK_MASTER: self.spark_master,
+            ENV_SPARK_STANDALONE: self.spark_standalone,
+        }
 
     @property
     def kafka_libs_dir(self) -> Path:
@@ -254,8 +378,10 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
         cache_dir=cache_dir,
         run_dir=Path(env.get(ENV_RUN_DIR, str(cache_dir / "run"))).resolve(),
         redis_appendfsync=env.get(ENV_REDIS_APPENDFSYNC, DEFAULT_REDIS_APPENDFSYNC),
+        redis_sentinel=env.get(ENV_REDIS_SENTINEL, DEFAULT_REDIS_SENTINEL),
         spark_master=env.get(ENV_SPARK_MASTER, DEFAULT_SPARK_MASTER).strip(),
         spark_standalone=env.get(ENV_SPARK_STANDALONE, DEFAULT_SPARK_STANDALONE),
+        kafka_replication=replication_setting(env.get(ENV_KAFKA_REPLICATION, "auto")),
     )
     if settings.redis_appendfsync not in REDIS_APPENDFSYNC_POLICIES:
         raise ValueError(
@@ -266,5 +392,6 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
     host_ports(settings.kafka_bootstrap, ENV_KAFKA_BOOTSTRAP)
     host_ports(settings.kafka_controller, ENV_KAFKA_CONTROLLER)
     host_ports(settings.spark_standalone, ENV_SPARK_STANDALONE)
+    host_ports(settings.redis_sentinel, ENV_REDIS_SENTINEL)
     check_spark_master(settings.spark_master)
     return settings

@@ -42,8 +42,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipeline.io import probes, records
-from pipeline.io.config import redacted_url
+from pipeline.io import probes, records, redis_client
+from pipeline.io.config import ENV_KAFKA_REPLICATION, ENV_REDIS_URL, redacted_url
 
 if TYPE_CHECKING:
     import redis
@@ -206,16 +206,28 @@ def retry_through_restarts(client: redis.Redis) -> redis.Redis:
 
 
 def connect_redis(url: str, timeout: float = 5.0) -> redis.Redis:
-    """A Redis client of ``url`` that answered PING (:class:`ServiceUnavailableError`
-    otherwise, at once) and from then on rides out a Redis restart
-    (:func:`retry_through_restarts`)."""
+    """A Redis client of ``url`` (also ``redis+sentinel://``: :mod:`pipeline.io.redis_client`)
+    that answered PING (:class:`ServiceUnavailableError` otherwise, at once) and from then on
+    rides out a Redis restart or a Sentinel failover (:func:`retry_through_restarts`).
+
+    A malformed URL, and sentinels that answer but name no primary for the service (a wrong
+    service name), are settings to fix: :class:`KafkaIOError`, exit 2, one line.
+    """
     import redis as redis_module
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    client = redis_module.Redis.from_url(
-        url, socket_timeout=30.0, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0)
-    )
+    try:
+        sentinel = redis_client.sentinel_address(url)
+        client = redis_client.client_from_url(
+            url,
+            sentinel_timeout=timeout,
+            socket_timeout=30.0,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+    except ValueError as error:
+        raise KafkaIOError(f"{ENV_REDIS_URL}: {error}") from None
     try:
         client.ping()
     except redis_module.AuthenticationError as error:
@@ -225,10 +237,25 @@ def connect_redis(url: str, timeout: float = 5.0) -> redis.Redis:
         ) from None
     except redis_module.RedisError:
         client.close()
+        if sentinel is not None:
+            _explain_sentinel_failure(url, timeout)
         raise ServiceUnavailableError(
             f"redis does not answer at {redacted_url(url)} (start it: skewer services up)"
         ) from None
     return retry_through_restarts(client)
+
+
+def _explain_sentinel_failure(url: str, timeout: float) -> None:
+    """Raise the one-line reason a Sentinel URL gave no primary: no sentinel answers
+    (:class:`ServiceUnavailableError`) or none names a primary (:class:`KafkaIOError`)."""
+    try:
+        redis_client.require_primary(url, timeout)
+    except redis_client.NoSentinelAnswersError as error:
+        raise ServiceUnavailableError(
+            f"{error} (start them: skewer services up --redis-sentinel)"
+        ) from None
+    except redis_client.NoPrimaryError as error:
+        raise KafkaIOError(str(error)) from None
 
 
 #: What a group coordinator answers while it is elected or loads its offsets, e.g. on a fresh
@@ -244,16 +271,48 @@ COORDINATOR_NOT_READY = (
 def committed_offset(consumer: Any, partition: Any, timeout: float = 60.0) -> Any:
     """``consumer.committed([partition])[0]``, asked again while the coordinator is not ready
     (:data:`COORDINATOR_NOT_READY`) until ``timeout``; any other error is raised at once."""
+    return _asked_until_answered(
+        lambda left: consumer.committed([partition], timeout=left)[0],
+        COORDINATOR_NOT_READY,
+        timeout,
+    )
+
+
+#: What a broker answers about a partition whose leader is moving (a broker of a cluster died
+#: or came back): the new leader answers the same request shortly after.
+LEADER_MOVING = (
+    "NOT_LEADER_FOR_PARTITION",
+    "LEADER_NOT_AVAILABLE",
+    "FENCED_LEADER_EPOCH",
+    "UNKNOWN_LEADER_EPOCH",
+    "_TRANSPORT",
+)
+
+
+def watermark_offsets(
+    consumer: Any, partition: Any, timeout: float = 30.0, *, cached: bool = False
+) -> tuple[int, int]:
+    """``consumer.get_watermark_offsets(partition)`` (low, high), asked again while the
+    partition's leader moves (:data:`LEADER_MOVING`) until ``timeout``; any other error is
+    raised at once."""
+    return _asked_until_answered(
+        lambda left: consumer.get_watermark_offsets(partition, timeout=left, cached=cached),
+        LEADER_MOVING,
+        timeout,
+    )
+
+
+def _asked_until_answered(ask: Any, passing: Sequence[str], timeout: float) -> Any:
+    """``ask(seconds left)``, again after an error named in ``passing`` until ``timeout``."""
     from confluent_kafka import KafkaError, KafkaException
 
-    not_ready = {getattr(KafkaError, name) for name in COORDINATOR_NOT_READY}
+    passing_codes = {getattr(KafkaError, name) for name in passing}
     deadline = time.monotonic() + timeout
     while True:
         try:
-            left = max(deadline - time.monotonic(), 1.0)
-            return consumer.committed([partition], timeout=left)[0]
+            return ask(max(deadline - time.monotonic(), 1.0))
         except KafkaException as error:
-            if error.args[0].code() not in not_ready or time.monotonic() >= deadline:
+            if error.args[0].code() not in passing_codes or time.monotonic() >= deadline:
                 raise
             time.sleep(0.2)
 
@@ -282,12 +341,55 @@ def topic_records(bootstrap: str, name: str, timeout: float = 10.0) -> list[int]
     consumer = Consumer(consumer_config(bootstrap, f"skewer-sizer-{uuid.uuid4().hex}"))
     try:
         marks = [
-            consumer.get_watermark_offsets(TopicPartition(name, p), timeout=timeout)
-            for p in range(partitions)
+            watermark_offsets(consumer, TopicPartition(name, p), timeout) for p in range(partitions)
         ]
     finally:
         consumer.close()
     return [high - low for low, high in marks]
+
+
+#: The most replicas skewer gives a topic: a broker may fail while another is down for upkeep.
+MAX_REPLICATION = 3
+
+
+def topic_replication(brokers: int, requested: int | None = None) -> tuple[int, int]:
+    """(replicas, ``min.insync.replicas``) of a topic created on a cluster of ``brokers``.
+
+    ``requested`` None means min(3, brokers). A write (``acks=all``, as every producer here
+    sends) then needs two replicas in sync once there are three, so a committed record or
+    transaction survives the loss of any one broker, and one replica in sync below that (two
+    replicas may still lose one broker without refusing writes). More replicas than brokers is
+    a setting the cluster cannot meet: :class:`KafkaIOError`, one line.
+
+    >>> topic_replication(1), topic_replication(2), topic_replication(3), topic_replication(5)
+    ((1, 1), (2, 1), (3, 2), (3, 2))
+    >>> try:
+    ...     topic_replication(1, requested=3)
+    ... except KafkaIOError as error:
+    ...     print(error)
+    kafka: replication 3 (SKEWER_KAFKA_REPLICATION) is more than the 1 broker(s) of the cluster
+    """
+    replicas = min(MAX_REPLICATION, brokers) if requested is None else requested
+    if replicas > brokers:
+        raise KafkaIOError(
+            f"kafka: replication {replicas} ({ENV_KAFKA_REPLICATION}) is more than the "
+            f"{brokers} broker(s) of the cluster"
+        )
+    return replicas, 2 if replicas >= 3 else 1
+
+
+def cluster_brokers(bootstrap: str, timeout: float = 10.0) -> int:
+    """How many brokers the cluster at ``bootstrap`` has registered now."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    return len(admin.list_topics(timeout=timeout).brokers)
+
+
+def require_replication(bootstrap: str, requested: int | None) -> tuple[int, int]:
+    """:func:`topic_replication` on the cluster at ``bootstrap`` as it is now: a stage's check
+    at start, before it creates or writes anything."""
+    return topic_replication(cluster_brokers(bootstrap), requested)
 
 
 def ensure_topic(
@@ -296,11 +398,15 @@ def ensure_topic(
     partitions: int,
     config: dict[str, str] | None = None,
     timeout: float = 30.0,
+    *,
+    replication: int | None = None,
 ) -> bool:
     """Create ``name`` with ``partitions`` partitions unless it exists; True if created.
 
-    An existing topic must have exactly ``partitions`` partitions (:class:`KafkaIOError`
-    otherwise). Two processes creating the same topic at once both succeed.
+    A new topic has :func:`topic_replication`'s replicas (``replication``: the setting, None
+    for min(3, brokers)). An existing topic must have exactly ``partitions`` partitions
+    (:class:`KafkaIOError` otherwise). Two processes creating the same topic at once both
+    succeed.
     """
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -308,9 +414,11 @@ def ensure_topic(
     existing = topic_partitions(bootstrap, name)
     created = False
     if existing is None:
+        replicas, min_insync = require_replication(bootstrap, replication)
+        settings = {"min.insync.replicas": str(min_insync), **(config or {})}
         admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
         futures = admin.create_topics(
-            [NewTopic(name, partitions, 1, config=dict(config or {}))], request_timeout=timeout
+            [NewTopic(name, partitions, replicas, config=settings)], request_timeout=timeout
         )
         try:
             futures[name].result(timeout=timeout)
@@ -334,7 +442,12 @@ def ensure_topic(
 
 
 def ensure_run_topics(
-    bootstrap: str, names: RunNames, *, sources: int | None = None, workers: int | None = None
+    bootstrap: str,
+    names: RunNames,
+    *,
+    sources: int | None = None,
+    workers: int | None = None,
+    replication: int | None = None,
 ) -> None:
     """Create the run's topics that are missing, each with its partition count and size limit.
 
@@ -342,16 +455,19 @@ def ensure_run_topics(
     ``dead-letters`` and ``late`` one. A topic whose count is not given is only created if its
     count is fixed (results, dead-letters, late). ``keys``, ``work``, ``dead-letters`` and
     ``late`` accept records up to :data:`LARGE_MESSAGE_BYTES`, so any key the stage accepts (up
-    to MAX_KEY_BYTES) fits everywhere it goes.
+    to MAX_KEY_BYTES) fits everywhere it goes. ``replication`` as for :func:`ensure_topic`.
     """
     large = {"max.message.bytes": str(LARGE_MESSAGE_BYTES)}
-    if sources is not None:
-        ensure_topic(bootstrap, names.keys_topic, sources, large)
-    if workers is not None:
-        ensure_topic(bootstrap, names.work_topic, workers, large)
-    ensure_topic(bootstrap, names.dead_letters_topic, 1, large)
-    ensure_topic(bootstrap, names.late_topic, 1, large)
-    ensure_topic(bootstrap, names.results_topic, 1)
+    counts = [
+        (names.keys_topic, sources, large),
+        (names.work_topic, workers, large),
+        (names.dead_letters_topic, 1, large),
+        (names.late_topic, 1, large),
+        (names.results_topic, 1, None),
+    ]
+    for name, partitions, config in counts:
+        if partitions is not None:
+            ensure_topic(bootstrap, name, partitions, config, replication=replication)
 
 
 def _wait_for_leaders(bootstrap: str, name: str, timeout: float) -> None:
@@ -402,7 +518,7 @@ def read_topic(
         )
     )
     partitions = [TopicPartition(topic, p, 0) for p in range(count)]
-    ends = [consumer.get_watermark_offsets(tp, timeout=timeout)[1] for tp in partitions]
+    ends = [watermark_offsets(consumer, tp, timeout)[1] for tp in partitions]
     consumer.assign(partitions)
     out: list[StoredRecord] = []
     deadline = time.monotonic() + timeout

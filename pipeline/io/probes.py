@@ -48,15 +48,41 @@ def kafka_answers(bootstrap: str, timeout: float = 2.0) -> bool:
 
 
 def redis_answers(url: str, timeout: float = 2.0) -> bool:
+    """PING answered; for a ``redis+sentinel://`` URL, by the primary the sentinels name."""
     import redis
 
-    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    from pipeline.io.redis_client import client_from_url
+
+    try:
+        client = client_from_url(
+            url,
+            sentinel_timeout=timeout,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+        )
+    except ValueError:  # a malformed URL answers nothing; connect_redis says why
+        return False
     try:
         return bool(client.ping())
     except redis.RedisError:
         return False
     finally:
         client.close()
+
+
+def redis_replica_synced(url: str, timeout: float = 2.0) -> bool:
+    """The Redis at ``url`` answers and is a replica whose link to its primary is up (past
+    its first sync), or a primary."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+    try:
+        info = client.info("replication")
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+    return info.get("role") == "master" or info.get("master_link_status") == "up"
 
 
 def prometheus_answers(url: str, timeout: float = 2.0) -> bool:

@@ -74,12 +74,22 @@ import numpy as np
 from operators.keys import KeyBatch
 from operators.windows import merge_partials
 from pipeline.io.kafka_io import RunNames, retry_through_restarts
+from pipeline.io.redis_client import client_from_url, replicas_to_wait
 
 if TYPE_CHECKING:
     import redis as redis_module
 
 #: Latency histogram buckets per decade: bucket b > 0 holds (10^((b-1)/20), 10^(b/20)] ms.
 BUCKETS_PER_DECADE = 20
+#: How long an apply waits for a replica's acknowledgement (``WAIT``) behind Sentinel: longer
+#: than Sentinel takes to re-point the other replica at a promoted primary (~1-2 s), so the
+#: first apply after a failover does not fail for a replica that is merely re-attaching.
+REPLICA_WAIT_MS = 10_000
+
+
+class NotReplicatedError(Exception):
+    """No replica acknowledged an apply within :data:`REPLICA_WAIT_MS`: the task fails, and
+    Spark's retry (the apply is idempotent per worker and batch) waits again."""
 
 
 class RunKeys:
@@ -434,25 +444,44 @@ def _window_suffix(key: bytes, prefix: bytes) -> int:
 class StateStore:
     """The run's Redis state, one client (``decode_responses`` must be off: keys are bytes)."""
 
-    def __init__(self, client: redis_module.Redis, run_id: str) -> None:
+    def __init__(self, client: redis_module.Redis, run_id: str, replicas: int = 0) -> None:
         self.client = client
         self.keys = RunKeys(run_id)
+        #: Replicas each apply waits for (``WAIT``); 0 (a lone Redis): no wait, no round trip.
+        self.replicas = replicas
         self._apply = client.register_script(APPLY_SCRIPT)
         self._finalize = client.register_script(FINALIZE_SCRIPT)
 
     @classmethod
     def from_url(cls, url: str, run_id: str) -> StateStore:
-        """The store of a stage: its client rides out a Redis restart (a worker's apply, the
-        aggregator's finalize are guarded scripts, so a retry never counts twice)."""
-        import redis as redis_module
-
-        return cls(retry_through_restarts(redis_module.Redis.from_url(url)), run_id)
+        """The store of a stage: its client rides out a Redis restart or a Sentinel failover
+        (a worker's apply, the aggregator's finalize are guarded scripts, so a retry never
+        counts twice); behind Sentinel each apply waits for a replica (:meth:`apply`)."""
+        return cls(retry_through_restarts(client_from_url(url)), run_id, replicas_to_wait(url))
 
     # -- workers ---------------------------------------------------------------------------
 
     def apply(self, batch: WorkerBatch, n_sources: int) -> bool:
-        """Apply a worker's micro-batch once: True if applied now, False if applied before."""
-        return bool(self._apply(args=batch.script_args(self.keys.prefix, n_sources)))
+        """Apply a worker's micro-batch once: True if applied now, False if applied before.
+
+        With replicas (Sentinel), the script and ``WAIT replicas REPLICA_WAIT_MS`` go in one
+        round trip on one connection, and :class:`NotReplicatedError` fails the task unless
+        enough replicas acknowledged: only then may Spark commit the batch, so a failover,
+        which promotes a replica, loses no batch Spark committed.
+        """
+        args = batch.script_args(self.keys.prefix, n_sources)
+        if not self.replicas:
+            return bool(self._apply(args=args))
+        pipe = self.client.pipeline(transaction=False)
+        self._apply(args=args, client=pipe)
+        pipe.wait(self.replicas, REPLICA_WAIT_MS)
+        applied, acknowledged = pipe.execute()
+        if acknowledged < self.replicas:
+            raise NotReplicatedError(
+                f"worker {batch.worker} batch {batch.batch_id}: {acknowledged} of "
+                f"{self.replicas} replica(s) acknowledged within {REPLICA_WAIT_MS} ms"
+            )
+        return bool(applied)
 
     def busy_until(self, workers: Sequence[int]) -> dict[int, float]:
         """When each worker's emulated server finished its last applied batch (epoch ms; 0

@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from operators.metrics import load_figures
-from pipeline.io import config, kafka_io, probes
+from pipeline.io import config, kafka_io, probes, redis_client
 from pipeline.runs.plan import STAGES, RunPlan
 from pipeline.runs.summary import RunSummary
 from pipeline.services import manager, native
@@ -131,10 +131,16 @@ def ensure_services(settings: config.Settings, *, start: bool, keep: bool = Fals
     With ``keep`` they are started like ``skewer services up`` and keep running.
     """
     lease = ServiceLease(settings)
+    sentinel = redis_client.is_sentinel_url(settings.redis_url)
+    if sentinel:
+        # Sentinel is never started for a run: before anything starts, its sentinels name a
+        # primary, or the run stops (none answers: exit 1; none names a primary: exit 2).
+        kafka_io.connect_redis(settings.redis_url).close()
     kafka_host = settings.kafka_host if len(settings.kafka_hosts) == 1 else "(a cluster)"
+    redis_host = "(sentinel)" if sentinel else settings.redis_host
     where = {
         "kafka": (kafka_host, settings.kafka_bootstrap, probes.kafka_answers),
-        "redis": (settings.redis_host, settings.redis_url, probes.redis_answers),
+        "redis": (redis_host, settings.redis_url, probes.redis_answers),
     }
     down = [name for name in RUN_SERVICES if not where[name][2](where[name][1], timeout=5.0)]
     if not down:
@@ -243,8 +249,9 @@ class Pipeline:
     """The stages of one run as subprocesses; a context manager that stops them on exit.
 
     ``python`` and ``environ`` say how to run ``skewer`` (by default this interpreter and this
-    environment, so ``SKEWER_*`` addresses carry over). :meth:`kill` and :meth:`start` are the
-    fault tests' hook: kill -9 a stage mid-run and start it again with the same arguments.
+    environment); the stages' ``SKEWER_*`` variables are ``settings``' own, so they reach the
+    services this process does. :meth:`kill` and :meth:`start` are the fault tests' hook: kill
+    -9 a stage mid-run and start it again with the same arguments.
     """
 
     def __init__(
@@ -261,7 +268,10 @@ class Pipeline:
         self.settings = settings or config.load()
         self.log_dir = log_dir or self.settings.run_dir / "demo" / plan.run_id
         self.python = python
-        self.environ = dict(os.environ if environ is None else environ)
+        self.environ = {
+            **(os.environ if environ is None else environ),
+            **self.settings.environ(),
+        }
         self.environ.setdefault("PYTHONUNBUFFERED", "1")
         self.log = log or (lambda _line: None)
         self.stages: dict[str, StageProcess] = {}
@@ -299,7 +309,6 @@ class Pipeline:
             # From here on the run is ours: cleanup() may delete all of it.
             self.prepared = True
             grouping.prepare(self.plan.stage_config(self.settings))
-            kafka_io.ensure_topic(bootstrap, self.plan.names.results_topic, 1)
         except kafka_io.KafkaIOError as error:
             raise PipelineError(str(error)) from None
 
@@ -452,7 +461,7 @@ class Pipeline:
 
         consumer = self._kafka()
         return [
-            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1]
+            kafka_io.watermark_offsets(consumer, TopicPartition(topic, p), timeout=30)[1]
             for p in range(partitions)
         ]
 

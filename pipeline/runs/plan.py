@@ -73,6 +73,8 @@ class RunPlan:
     idle_timeout_ms: int = 10_000
     #: Where the workers' Spark tasks run (``--spark-master``); ``local`` by default.
     spark_master: str = config.DEFAULT_SPARK_MASTER
+    #: Spark tasks per micro-batch (``skewer work --tasks``); None: the worker job's default.
+    tasks: int | None = None
 
     def user_topic(self) -> UserTopic | None:
         """How the grouping stage reads ``input_topic`` (ValueError for a bad spec)."""
@@ -176,6 +178,7 @@ class RunPlan:
             n_sources=self.sources,
             params=parse_params(list(self.params)),
             input=self.user_topic(),
+            replication=settings.kafka_replication,
         )
 
     def argv(self, stage: str, settings: config.Settings | None = None) -> list[str]:
@@ -211,6 +214,8 @@ class RunPlan:
             if self.max_records_per_batch is not None:
                 out += ["--max-records-per-batch", str(self.max_records_per_batch)]
             out += ["--spark-master", self.spark_master]
+            if self.tasks is not None:
+                out += ["--tasks", str(self.tasks)]
             return [*out, *run, "--until-end", "--json"]
         if stage == "control":
             out = ["control", "--scheme", self.scheme, *workers, "--sources", str(self.sources)]
@@ -239,6 +244,7 @@ class RunPlan:
             until_end=True,
             max_records_per_batch=self.max_records_per_batch,
             spark_master=self.spark_master,
+            tasks=self.tasks,
         )
 
 

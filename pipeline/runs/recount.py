@@ -203,7 +203,7 @@ def consumed_offsets(bootstrap: str, names: kafka_io.RunNames, topic: str) -> di
         try:
             tp = TopicPartition(topic, source)
             committed = kafka_io.committed_offset(consumer, tp).offset
-            low = consumer.get_watermark_offsets(tp, timeout=30)[0]
+            low = kafka_io.watermark_offsets(consumer, tp, timeout=30)[0]
         finally:
             consumer.close()
         ends[source] = max(committed, low)

@@ -1,19 +1,28 @@
-"""Apache Kafka as a local process: one KRaft node, broker and controller in one. (layer: services)
+"""Apache Kafka as local processes: KRaft nodes, broker and controller in one. (layer: services)
 
 Apache's own jars from Maven Central (:func:`pipeline.io.artifacts.ensure_kafka_libs`) run as
 ``java -cp libs/* kafka.Kafka`` with deploy/kafka/server.properties; the storage is formatted
 once with a fixed cluster id, so it stays valid across restarts. Healthy when a metadata
 request returns a broker.
+
+:class:`KafkaService` is the one broker ``skewer services up`` runs; :class:`KafkaNodeService`
+is node i of the cluster of three that ``up --kafka-brokers 3`` runs instead (one cluster id,
+static voters, its own ports and data folder; node 1 takes the single broker's ports, so the
+default bootstrap address reaches either). Topics on the cluster get three replicas, two in
+sync (:func:`pipeline.io.kafka_io.topic_replication`), and so do the offsets and transaction
+state, so the loss of any one node loses no committed record and no transaction.
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from string import Template
 
 from pipeline.io import config
 from pipeline.io.artifacts import ArtifactError, ensure_kafka_libs
+from pipeline.io.kafka_io import topic_replication
 from pipeline.io.probes import kafka_answers
 from pipeline.services.native import NativeService, ServiceError
 
@@ -42,19 +51,47 @@ class KafkaService(NativeService):
     def _classpath(self) -> str:
         return str(self.settings.kafka_libs_dir / "*")
 
+    #: This node's id; node i of a cluster is ``kafka-i``.
+    node_id: int = 1
+    #: The voters of the metadata quorum (node ids), and so the brokers topics replicate over.
+    voter_ids: tuple[int, ...] = (1,)
+
+    @property
+    def controller_address(self) -> str:
+        return self.settings.kafka_controller
+
     def server_properties(self) -> str:
-        """deploy/kafka/server.properties with this machine's addresses and data folder."""
-        controller_host, controller_port = config.host_ports(
-            self.settings.kafka_controller, config.ENV_KAFKA_CONTROLLER
-        )[0]
+        """deploy/kafka/server.properties with this node's addresses, quorum and data folder."""
+        broker_host, broker_port = _host_port(self.address, config.ENV_KAFKA_BOOTSTRAP)
+        controller_host, controller_port = _host_port(
+            self.controller_address, config.ENV_KAFKA_CONTROLLER
+        )
+        voters = ",".join(
+            f"{node}@{_in_listener(host)}:{port}"
+            for node in self.voter_ids
+            for host, port in [_host_port(self._controller_of(node), config.ENV_KAFKA_CONTROLLER)]
+        )
+        replicas, min_insync = topic_replication(len(self.voter_ids))
+        clustered = len(self.voter_ids) > 1
         template = Template((config.DEPLOY_DIR / "kafka" / "server.properties").read_text())
         return template.substitute(
-            broker_host=_in_listener(self.settings.kafka_host),
-            broker_port=self.settings.kafka_port,
+            node_id=self.node_id,
+            voters=voters,
+            broker_host=_in_listener(broker_host),
+            broker_port=broker_port,
             controller_host=_in_listener(controller_host),
             controller_port=controller_port,
             data_dir=self.data_dir / "data",
+            replication=replicas,
+            min_insync=min_insync,
+            # A killed node's partitions and transactions move after this long (Kafka's
+            # defaults, 9 s and 2 s, hold them 15 s); one node alone keeps the defaults.
+            session_timeout_ms=6000 if clustered else 9000,
+            heartbeat_interval_ms=1500 if clustered else 2000,
         )
+
+    def _controller_of(self, node: int) -> str:
+        return self.controller_address
 
     def prepare(self) -> None:
         super().prepare()
@@ -107,7 +144,42 @@ class KafkaService(NativeService):
         ]
 
     def healthy(self, timeout: float = 2.0) -> bool:
-        return kafka_answers(self.settings.kafka_bootstrap, timeout)
+        return kafka_answers(self.address, timeout)
+
+
+class KafkaNodeService(KafkaService):
+    """Node ``node_id`` of the native cluster of :data:`~pipeline.io.config.KAFKA_CLUSTER_NODES`:
+    broker and controller, with the others as fellow voters."""
+
+    voter_ids = tuple(range(1, config.KAFKA_CLUSTER_NODES + 1))
+
+    def __init__(self, settings: config.Settings, node_id: int) -> None:
+        super().__init__(settings)
+        self.node_id = node_id
+        self.name = node_name(node_id)
+
+    @property
+    def address(self) -> str:
+        return self.settings.kafka_node_address(self.node_id)
+
+    @property
+    def controller_address(self) -> str:
+        return self.settings.kafka_node_controller(self.node_id)
+
+    def _controller_of(self, node: int) -> str:
+        return self.settings.kafka_node_controller(node)
+
+
+#: The service name of a cluster node: ``kafka-1``, ``kafka-2``, ...
+NODE_NAME = re.compile(r"kafka-([1-9]\d*)")
+
+
+def node_name(node_id: int) -> str:
+    return f"kafka-{node_id}"
+
+
+def _host_port(address: str, variable: str) -> tuple[str, int]:
+    return config.host_ports(address, variable)[0]
 
 
 def _in_listener(host: str) -> str:

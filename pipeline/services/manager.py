@@ -28,8 +28,8 @@ from pathlib import Path
 
 from pipeline.io import config
 from pipeline.io.config import Settings
-from pipeline.services import process, spark_standalone
-from pipeline.services.kafka_broker import KafkaService
+from pipeline.services import kafka_broker, process, redis_sentinel, spark_standalone
+from pipeline.services.kafka_broker import KafkaNodeService, KafkaService
 from pipeline.services.native import NativeService, ServiceError
 from pipeline.services.process import PidRecord
 from pipeline.services.prometheus_server import PrometheusService
@@ -50,20 +50,30 @@ def native_services(
     *,
     spark_workers: int = 0,
     spark_worker_cores: int = spark_standalone.DEFAULT_WORKER_CORES,
+    kafka_brokers: int = 1,
+    redis_sentinel_set: bool = False,
 ) -> list[NativeService]:
     """The services called ``names``, in a fixed order (Spark's master before its workers).
 
     By default: Kafka, Redis and Prometheus, and the Spark standalone master and workers that
     ``up`` started (their pid files), so ``status`` and ``down`` cover them. ``spark_workers``
     N adds the master and workers 1..N (``up --spark-workers N``); the name ``spark`` means the
-    master and the workers that run.
+    master and the workers that run. ``kafka_brokers`` 3 means the nodes ``kafka-1..3`` instead
+    of the one broker; so does ``kafka`` while a node runs (its pid file).
+    ``redis_sentinel_set`` adds Redis's 2 replicas and 3 sentinels (``up --redis-sentinel``,
+    :mod:`~pipeline.services.redis_sentinel`); by default, the ones with a pid file.
     """
     wanted = list(names or SERVICE_NAMES)
+    if "kafka" in wanted and (kafka_brokers > 1 or _kafka_nodes_started(settings)):
+        at = wanted.index("kafka")
+        nodes = range(1, config.KAFKA_CLUSTER_NODES + 1)
+        wanted[at : at + 1] = [kafka_broker.node_name(node) for node in nodes]
     if "spark" in wanted:
         wanted.remove("spark")
         wanted += [spark_standalone.MASTER_NAME, *_spark_services_started(settings)]
     elif not names:
         wanted += _spark_services_started(settings, master=True)
+    wanted += _redis_sentinel_names(settings, names, redis_sentinel_set)
     if spark_workers:
         wanted.append(spark_standalone.MASTER_NAME)
         wanted += [spark_standalone.worker_name(i) for i in range(1, spark_workers + 1)]
@@ -72,8 +82,13 @@ def native_services(
         if name in services:
             continue
         worker = spark_standalone.WORKER_NAME.match(name)
+        node = kafka_broker.NODE_NAME.fullmatch(name)
         if name in _SERVICE_CLASSES:
             services[name] = _SERVICE_CLASSES[name](settings)
+        elif node is not None and int(node.group(1)) <= config.KAFKA_CLUSTER_NODES:
+            services[name] = KafkaNodeService(settings, int(node.group(1)))
+        elif name in redis_sentinel.NAMES:
+            [services[name]] = redis_sentinel.services(settings, (name,))
         elif name == spark_standalone.MASTER_NAME:
             services[name] = spark_standalone.SparkMasterService(settings)
         elif worker is not None:
@@ -83,17 +98,41 @@ def native_services(
         else:
             raise ServiceError(
                 f"unknown service {name!r}; valid services: {', '.join(SERVICE_NAMES)}, "
-                "spark, spark-master, spark-worker-N"
+                f"kafka-1..{config.KAFKA_CLUSTER_NODES}, redis-replica-1..2, "
+                "redis-sentinel-1..3, spark, spark-master, spark-worker-N"
             )
     return sorted(services.values(), key=_start_order)
 
 
 def _start_order(service: NativeService) -> tuple[int, int]:
+    if service.name in redis_sentinel.NAMES:  # after their primary, sentinels last
+        return (SERVICE_NAMES.index("redis"), 1 + redis_sentinel.NAMES.index(service.name))
+    if isinstance(service, KafkaNodeService):
+        return (SERVICE_NAMES.index("kafka"), service.node_id)
     if service.name in SERVICE_NAMES:
         return (SERVICE_NAMES.index(service.name), 0)
     if isinstance(service, spark_standalone.SparkWorkerService):
         return (len(SERVICE_NAMES) + 1, service.index)
     return (len(SERVICE_NAMES), 0)
+
+
+def _kafka_nodes_started(settings: Settings) -> bool:
+    """A node of the native Kafka cluster has a pid file (``up --kafka-brokers 3`` ran)."""
+    return any(
+        kafka_broker.NODE_NAME.fullmatch(path.stem) for path in settings.run_dir.glob("kafka-*.pid")
+    )
+
+
+def _redis_sentinel_names(
+    settings: Settings, names: Sequence[str] | None, redis_sentinel_set: bool
+) -> list[str]:
+    """The Redis Sentinel set's services wanted besides ``names``: all of them with the
+    primary for ``up --redis-sentinel``; by default (status, down) the ones with a pid file."""
+    if redis_sentinel_set:
+        return ["redis", *redis_sentinel.NAMES]
+    if names:
+        return []
+    return [name for name in redis_sentinel.NAMES if (settings.run_dir / f"{name}.pid").exists()]
 
 
 def _spark_services_started(settings: Settings, *, master: bool = False) -> list[str]:
@@ -119,7 +158,8 @@ class ServiceState:
 
     def line(self) -> str:
         pid = f"pid {self.pid}" if self.pid is not None else ""
-        return f"{self.name:<15}{self.state:<9}{self.address:<27}{pid}".rstrip()
+        name = f"{self.name:<15}" if len(self.name) < 15 else f"{self.name} "  # redis-sentinel-1
+        return f"{name}{self.state:<9}{self.address:<27}{pid}".rstrip()
 
 
 def _own_process(service: NativeService) -> PidRecord | None:
@@ -171,10 +211,13 @@ def up(
     *,
     spark_workers: int = 0,
     spark_worker_cores: int = spark_standalone.DEFAULT_WORKER_CORES,
+    kafka_brokers: int = 1,
+    redis_sentinel_set: bool = False,
 ) -> list[ServiceState]:
     """Start every named service that does not answer yet, and wait until all are healthy;
     ``spark_workers`` N adds a Spark standalone master and N workers of
-    ``spark_worker_cores`` cores each.
+    ``spark_worker_cores`` cores each; ``kafka_brokers`` 3 runs Kafka as a cluster of three
+    nodes (refused while anything else answers on a node's port, such as the one broker).
 
     Returns one state per service: ``started`` for the ones this call started, ``running``
     or ``external`` for the ones already answering. Raises ServiceError naming the first
@@ -183,7 +226,12 @@ def up(
     """
     settings = settings or config.load()
     services = native_services(
-        settings, names, spark_workers=spark_workers, spark_worker_cores=spark_worker_cores
+        settings,
+        names,
+        spark_workers=spark_workers,
+        spark_worker_cores=spark_worker_cores,
+        kafka_brokers=kafka_brokers,
+        redis_sentinel_set=redis_sentinel_set,
     )
     for service in services:
         service.install()
@@ -200,6 +248,12 @@ def _up_locked(services: list[NativeService]) -> list[ServiceState]:
     try:
         for service in services:
             current = _state(service)
+            if current.state == "external" and isinstance(service, KafkaNodeService):
+                # Its fellow nodes would wait for a quorum voter that is not there.
+                raise ServiceError(
+                    f"{service.name}: {service.address} answers already, but not as this "
+                    "cluster's node (the one broker? stop it: skewer services down kafka)"
+                )
             if current.state in ("running", "external"):
                 record = _own_process(service) if current.state == "running" else None
                 if record is not None:
@@ -254,20 +308,37 @@ def down(
     settings = settings or config.load()
     services = native_services(settings, names)
     with process.services_lock(settings):
-        # Workers before their master, so none is left retrying a master that is gone.
-        stopped = {s.name: _down_locked(s) for s in reversed(services)}
+        stopped = _down_locked(services)
     return [stopped[service.name] for service in services]
 
 
-def _down_locked(service: NativeService) -> ServiceState:
-    _started_by_lease_marker(service).unlink(missing_ok=True)
-    record = _own_process(service)
-    if record is None:
-        return ServiceState(service.name, service.address, "down")
-    # Kafka's controlled shutdown flushes logs and closes the quorum: give it time.
-    process.terminate(record, grace_seconds=30 if service.name == "kafka" else 10)
-    service.pid_path.unlink(missing_ok=True)
-    return ServiceState(service.name, service.address, "stopped", record.pid)
+def _down_locked(services: Sequence[NativeService]) -> dict[str, ServiceState]:
+    """Stop ``services`` (ours only), last first: Spark's workers before their master, so none
+    is left retrying a master that is gone. The nodes of a Kafka cluster stop together: the
+    last one alone would wait for a quorum that is gone."""
+    nodes = [service for service in services if isinstance(service, KafkaNodeService)]
+    groups = [[service] for service in reversed(services) if service not in nodes]
+    stopped: dict[str, ServiceState] = {}
+    for group in ([nodes] if nodes else []) + groups:
+        running: list[tuple[NativeService, PidRecord]] = []
+        for service in group:
+            _started_by_lease_marker(service).unlink(missing_ok=True)
+            record = _own_process(service)
+            if record is None:
+                stopped[service.name] = ServiceState(service.name, service.address, "down")
+            else:
+                running.append((service, record))
+        # Kafka's controlled shutdown flushes logs and closes the quorum: give it time. A node
+        # left without a majority of its cluster's voters would wait for them to the end.
+        kafka = any(isinstance(service, KafkaService) for service in group)
+        quorum = len(group) // 2 + 1 if group is nodes else 0
+        process.terminate_all([record for _, record in running], 30 if kafka else 10, quorum=quorum)
+        for service, record in running:
+            service.pid_path.unlink(missing_ok=True)
+            stopped[service.name] = ServiceState(
+                service.name, service.address, "stopped", record.pid
+            )
+    return stopped
 
 
 def _leases_dir(service: NativeService) -> Path:
@@ -319,12 +390,12 @@ def acquire(settings: Settings, names: Sequence[str]) -> list[ServiceState]:
 def release(settings: Settings, names: Sequence[str]) -> list[ServiceState]:
     """Drop this process's leases; stop what a lease holder started once no holder is left."""
     holder = process.this_process()
-    results = []
+    services = native_services(settings, names)
     with process.services_lock(settings):
-        for service in native_services(settings, names):
+        unused = []
+        for service in services:
             _lease_path(service, holder).unlink(missing_ok=True)
             if not _live_leases(service) and _started_by_lease_marker(service).exists():
-                results.append(_down_locked(service))
-            else:
-                results.append(_state(service))
-    return results
+                unused.append(service)
+        stopped = _down_locked(unused)
+        return [stopped.get(service.name) or _state(service) for service in services]

@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,16 +148,32 @@ def spawn(
 
 def terminate(record: PidRecord, grace_seconds: float) -> None:
     """SIGTERM, then SIGKILL after ``grace_seconds``; only if the pid is still our process."""
-    if not is_alive(record):
-        return
-    os.kill(record.pid, signal.SIGTERM)
+    terminate_all([record], grace_seconds)
+
+
+def terminate_all(records: Sequence[PidRecord], grace_seconds: float, *, quorum: int = 0) -> None:
+    """:func:`terminate` of every process at once: each gets SIGTERM now, and SIGKILL if it is
+    still running ``grace_seconds`` later.
+
+    ``quorum``: how many of them must run for any to finish a clean shutdown (the majority of
+    a Raft quorum, such as a Kafka cluster's controllers). Once fewer run, the ones left can
+    only wait out the grace, so they get SIGKILL at once; what they hold is on disk already
+    (the OS keeps what a killed process wrote), and they recover it when started again.
+    """
+    running = [record for record in records if is_alive(record)]
+    for record in running:
+        os.kill(record.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_seconds
-    while time.monotonic() < deadline:
-        if not is_alive(record):
-            return
-        time.sleep(0.1)
-    if is_alive(record):
-        os.kill(record.pid, signal.SIGKILL)
+    while running and time.monotonic() < deadline:
+        running = [record for record in running if is_alive(record)]
+        if len(running) < quorum:
+            break
+        if running:
+            time.sleep(0.1)
+    for record in running:
+        if is_alive(record):
+            os.kill(record.pid, signal.SIGKILL)
+    for record in running:
         while is_alive(record):
             time.sleep(0.05)
 

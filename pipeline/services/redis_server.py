@@ -24,8 +24,13 @@ class RedisService(NativeService):
     start_timeout = 20.0
 
     @property
+    def port(self) -> int:
+        return self.settings.redis_port
+
+    @property
     def address(self) -> str:
-        return self.settings.redis_url
+        """Its own URL (``redis_url``, unless that names a Sentinel set)."""
+        return self.settings.native_redis_url
 
     def install(self) -> None:
         self._require_binary("redis-server")
@@ -36,7 +41,7 @@ class RedisService(NativeService):
             "--bind",
             self.settings.redis_host,
             "--port",
-            str(self.settings.redis_port),
+            str(self.port),
             "--dir",
             str(self.data_dir),
             "--save",
@@ -49,6 +54,9 @@ class RedisService(NativeService):
             "100",
             "--auto-aof-rewrite-min-size",
             "64mb",
+            # A replica (pipeline.services.redis_sentinel) syncs at once, not after 5 s.
+            "--repl-diskless-sync-delay",
+            "0",
             "--protected-mode",
             "yes",
             "--daemonize",
@@ -59,4 +67,4 @@ class RedisService(NativeService):
         ]
 
     def healthy(self, timeout: float = 2.0) -> bool:
-        return redis_answers(self.settings.redis_url, timeout)
+        return redis_answers(self.address, timeout)

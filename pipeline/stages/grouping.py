@@ -311,6 +311,8 @@ class StageConfig:
     report_keys: int = control_plane.DEFAULT_REPORT_KEYS
     #: A user's own topic to read instead of ``keys`` (:mod:`pipeline.stages.user_topic`).
     input: UserTopic | None = None
+    #: Replicas of the run's topics (None: min(3, brokers); kafka_io.topic_replication).
+    replication: int | None = None
 
     @property
     def input_topic(self) -> str:
@@ -461,8 +463,8 @@ class GroupingSource:
         self._next_offset = max(committed.offset, 0)
         bounded = isinstance(self.watermark, DataWatermark) and config.until_end
         if bounded and self.watermark.end_offset < 0:  # a bounded run's first start: its end
-            self.watermark.end_offset = self._consumer.get_watermark_offsets(
-                TopicPartition(topic, self.source), timeout=60
+            self.watermark.end_offset = kafka_io.watermark_offsets(
+                self._consumer, TopicPartition(topic, self.source), timeout=60
             )[1]
         if self.control is not None:
             self._install(self.table_version)
@@ -955,6 +957,7 @@ def prepare(config: StageConfig) -> None:
         config.names,
         sources=config.n_sources if config.input is None else None,
         workers=config.n_workers,
+        replication=config.replication,
     )
 
 

@@ -167,7 +167,8 @@ def test_unknown_service_name_is_one_line(capsys: pytest.CaptureFixture[str]) ->
     assert app.main(["services", "status", "zookeeper"]) == 1
     assert capsys.readouterr().err == (
         "skewer services: unknown service 'zookeeper'; valid services: kafka, redis, prometheus, "
-        "spark, spark-master, spark-worker-N\n"
+        "kafka-1..3, redis-replica-1..2, redis-sentinel-1..3, spark, spark-master, "
+        "spark-worker-N\n"
     )
 
 

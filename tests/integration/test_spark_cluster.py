@@ -2,11 +2,11 @@
 
 ``skewer services up --spark-workers 2`` runs a standalone master and two workers of 4 cores
 from the pip package (:mod:`pipeline.services.spark_standalone`); here the test takes a lease
-on them (and stops them at the end if it started them). ``skewer demo --spark-master
-spark://...`` then runs the workers as executors of that cluster, and every (key, window)
-count must equal the ground truth. A cluster with fewer executor cores than the tasks of a
-micro-batch, and a master that does not answer, are refused at start with one line and exit
-2, and the refused session is gone from the master (nothing left half-started).
+on them (and stops them at the end if it started them). The demo on such a cluster, exact, is
+test_kafka_cluster.py's README run (``services up --spark-workers 2 --kafka-brokers 3``). A
+cluster with fewer executor cores than the tasks of a micro-batch, and a master that does not
+answer, are refused at start with one line and exit 2, and the refused session is gone from
+the master (nothing left half-started).
 
 Two fault tests kill a part of the cluster with SIGKILL mid-run (issue 13, point 5); each is
 described in its docstring.
@@ -14,21 +14,18 @@ described in its docstring.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from live_runs import RUN_TIMEOUT, run_of, wait_for
+from live_runs import RUN_TIMEOUT, fault_plan, run_of, wait_for, wait_for_a_migration
 
 from pipeline.cli import app
-from pipeline.io import config, kafka_io, probes
-from pipeline.runs.plan import RunPlan, new_run_id
+from pipeline.io import config, probes
 from pipeline.services import manager, process
 from pipeline.services.spark_standalone import SparkMasterService, SparkWorkerService
-from pipeline.stages.control_plane import ControlPlane
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -49,20 +46,6 @@ def active_applications(settings: config.Settings) -> list[object]:
     status = probes.spark_status(SparkMasterService(settings).master_web_url)
     assert status is not None
     return list(status["activeapps"])
-
-
-def test_demo_on_a_standalone_cluster_is_exact(
-    master_url: str, settings: config.Settings, capsys: pytest.CaptureFixture[str]
-) -> None:
-    argv = ["demo", "--spark-master", master_url, "--records", "20000", "--verify", "--json"]
-    code = app.main([*argv, "--scheme", "pkg", "--workers", "8"])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    report = json.loads(captured.out)
-    assert report["exact"] is True
-    assert report["records_produced"] == report["records_processed"] == 20_000
-    assert len(report["per_worker"]) == 8 and min(report["per_worker"]) > 0
-    assert active_applications(settings) == []
 
 
 def test_fewer_executor_cores_than_tasks_is_refused_with_exit_2(
@@ -88,29 +71,6 @@ def test_a_master_that_does_not_answer_is_refused_with_exit_2(
         .err.strip()
         .splitlines()[-1]
         .endswith(f"the Spark master {url} does not answer")
-    )
-
-
-def fault_plan(scheme: str, master_url: str, tag: str) -> RunPlan:
-    """A paced run long enough to kill something in its middle (~12 s of records)."""
-    drifting = scheme == "mixed"
-    return RunPlan(
-        scheme=scheme,
-        records=36_000,
-        workers=8,
-        sources=2,
-        workload=(
-            "drift:mode=fluctuate,z=1.0,keys=5000,intervals=4,workers=8,seed=3"
-            if drifting
-            else "zipf:z=1.2,keys=20000,seed=11"
-        ),
-        rate=3_000,
-        window_ms=2_000,
-        cpu_cost_us=100,
-        max_records_per_batch=4_000,
-        control_interval=1.0,
-        spark_master=master_url,
-        run_id=f"spark-{tag}-{new_run_id()[5:]}",
     )
 
 
@@ -141,7 +101,7 @@ def test_kill_9_of_a_spark_worker_mid_run_keeps_counts_exact(
     record = process.read_pid_file(worker.pid_path)
     if record is None:
         pytest.skip("the Spark workers are not this checkout's (started by someone else)")
-    plan = fault_plan("pkg", master_url, "worker")
+    plan = fault_plan("pkg", "spark-worker", spark_master=master_url)
     with run_of(plan, settings) as pipeline:
         pipeline.prepare()
         pipeline.start_all()
@@ -166,20 +126,11 @@ def test_kill_9_of_an_executor_during_a_migration_keeps_counts_exact(
     expected: the standalone worker launches a new executor for the application, Spark re-runs
     the lost tasks, the migration completes, and every (key, window) count equals the ground
     truth with no stage restarted."""
-    plan = fault_plan("mixed", master_url, "executor")
+    plan = fault_plan("mixed", "spark-executor", spark_master=master_url)
     with run_of(plan, settings) as pipeline:
         pipeline.prepare()
         pipeline.start_all()
-        plane = ControlPlane(kafka_io.connect_redis(settings.redis_url), plan.run_id)
-        try:
-            wait_for(
-                pipeline,
-                lambda _: plane.current().migrating is not None,
-                "a migration in flight",
-                timeout=RUN_TIMEOUT,
-            )
-        finally:
-            plane.client.close()
+        wait_for_a_migration(pipeline)
         assert pipeline.progress().processed < plan.records  # mid-run indeed
         victims = executor_pids()
         assert victims, "no executor JVM found"

@@ -214,3 +214,97 @@ def test_services_spark_workers_is_an_option_of_up_only() -> None:
     from pipeline.cli import app
 
     assert app.main(["services", "status", "--spark-workers", "2"]) == 2
+
+
+def _properties(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if line and line[0] != "#")
+
+
+def test_the_kafka_cluster_is_three_voters_with_their_own_ports_and_folders(
+    tmp_path: Path,
+) -> None:
+    settings = config.load({config.ENV_RUN_DIR: str(tmp_path)})
+    nodes = manager.native_services(settings, ["prometheus", "kafka"], kafka_brokers=3)
+    assert [s.name for s in nodes] == ["kafka-1", "kafka-2", "kafka-3", "prometheus"]
+    assert [s.address for s in nodes[:3]] == settings.kafka_cluster_bootstrap.split(",")
+    second = _properties(nodes[1].server_properties())
+    assert second["node.id"] == "2"
+    assert second["controller.quorum.voters"] == (
+        "1@127.0.0.1:19093,2@127.0.0.1:19095,3@127.0.0.1:19097"
+    )
+    assert second["listeners"] == "PLAINTEXT://127.0.0.1:19094,CONTROLLER://127.0.0.1:19095"
+    assert second["log.dirs"] == str(tmp_path / "kafka-2" / "data")
+    for replicated in (
+        "default.replication.factor",
+        "offsets.topic.replication.factor",
+        "transaction.state.log.replication.factor",
+    ):
+        assert second[replicated] == "3"
+    assert second["min.insync.replicas"] == second["transaction.state.log.min.isr"] == "2"
+    # The one broker: itself its only voter, every topic one replica.
+    single = _properties(manager.native_services(settings, ["kafka"])[0].server_properties())
+    assert (single["node.id"], single["controller.quorum.voters"]) == ("1", "1@127.0.0.1:19093")
+    assert single["offsets.topic.replication.factor"] == single["min.insync.replicas"] == "1"
+    # Once a node has a pid file, "kafka" (and the default list) means the cluster.
+    (tmp_path / "kafka-2.pid").write_text("{}")
+    assert [s.name for s in manager.native_services(settings)][:3] == [
+        "kafka-1",
+        "kafka-2",
+        "kafka-3",
+    ]
+    with pytest.raises(native.ServiceError, match=r"kafka-1\.\.3, redis-replica"):
+        manager.native_services(settings, ["kafka-4"])
+
+
+def test_topic_replication_follows_the_brokers_and_refuses_more_than_there_are() -> None:
+    from pipeline.io import kafka_io
+
+    assert [kafka_io.topic_replication(n) for n in (1, 2, 3, 4)] == [(1, 1), (2, 1), (3, 2), (3, 2)]
+    assert kafka_io.topic_replication(3, requested=1) == (1, 1)
+    with pytest.raises(kafka_io.KafkaIOError, match=r"replication 2 .* more than the 1 broker"):
+        kafka_io.topic_replication(1, requested=2)
+    assert config.load({config.ENV_KAFKA_REPLICATION: "2"}).kafka_replication == 2
+    for bad in ("0", "three", "-1"):
+        with pytest.raises(ValueError, match=f"{config.ENV_KAFKA_REPLICATION}="):
+            config.load({config.ENV_KAFKA_REPLICATION: bad})
+
+
+def test_services_kafka_brokers_takes_one_or_three_and_only_with_up(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from pipeline.cli import app
+
+    assert app.main(["services", "status", "--kafka-brokers", "3"]) == 2
+    assert "--kafka-brokers is an option of `up`" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        app.main(["services", "up", "--kafka-brokers", "2"])
+    assert exit_info.value.code == 2
+
+
+def test_peers_that_need_a_quorum_are_killed_once_it_is_lost() -> None:
+    """Two peers stop on SIGTERM, the third cannot (it would wait for a quorum that is gone):
+    with quorum 2 it is killed as soon as it is alone, not after the grace."""
+    import time
+
+    obeying = "import time; print(1, flush=True); time.sleep(60)"
+    ignoring = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); " + obeying
+    children = [
+        subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+        for code in (obeying, obeying, ignoring)
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None and child.stdout.readline()  # signals set up
+        records = []
+        for child in children:
+            ticks = process.start_ticks(child.pid)
+            assert ticks is not None
+            records.append(process.PidRecord(child.pid, ticks, ()))
+        began = time.monotonic()
+        process.terminate_all(records, grace_seconds=30, quorum=2)
+        assert time.monotonic() - began < 10
+        assert [child.wait(5) for child in children] == [-15, -15, -9]
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()

@@ -1,0 +1,203 @@
+"""The one way skewer builds a Redis client from a URL, Redis Sentinel included. (layer: io)
+
+``SKEWER_REDIS_URL`` takes what redis-py's ``Redis.from_url`` takes (``redis://``,
+``rediss://``, ``unix://``) and one more scheme, for a primary that Sentinel fails over::
+
+    redis+sentinel://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]
+
+HOST:PORT are the sentinels (any one that answers will do), SERVICE the name they monitor the
+primary by (``sentinel monitor SERVICE ...``; the native set's is ``skewer``), DB the database
+(0). USER and PASSWORD are the primary's and replicas' (``requirepass``/ACL), as in
+``redis://``; the sentinels themselves are asked without credentials. The client is redis-py's
+own ``Sentinel(...).master_for(SERVICE)``: each new connection asks the sentinels where the
+primary is now, and a connection to a primary that died or was demoted fails, so the stages'
+retries (:func:`pipeline.io.kafka_io.retry_through_restarts`) reach the promoted replica. No
+failover logic of skewer's own; one fix of redis-py's: its connection reconnects a dropped
+connection to the address it had, the dead primary, without asking the sentinels
+(redis/redis-py#3874, open in 8.1), so each connect asks them here.
+
+With Sentinel there are replicas, and a write acknowledged by the primary alone is lost if
+the primary dies before it replicated: :func:`replicas_to_wait` says how many replicas a
+state write waits for (``WAIT``), 0 for a plain URL (nothing changes there).
+
+Example:
+    >>> sentinel_address("redis+sentinel://:pw@127.0.0.1:36379,127.0.0.1:36380/skewer/2")
+    SentinelAddress(sentinels=(('127.0.0.1', 36379), ('127.0.0.1', 36380)), service='skewer', db=2)
+    >>> sentinel_address("redis://127.0.0.1:16379/0") is None
+    True
+    >>> replicas_to_wait("redis+sentinel://h:1/skewer"), replicas_to_wait("redis://h:1/0")
+    (1, 0)
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+
+from pipeline.io.config import host_ports, redacted_url
+
+if TYPE_CHECKING:
+    import redis
+    from redis.sentinel import Sentinel
+
+SENTINEL_SCHEME = "redis+sentinel"
+SENTINEL_URL_FORM = "redis+sentinel://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]"
+
+
+class NoPrimaryError(Exception):
+    """Sentinels answer, but none names a primary that is up for the service (a wrong service
+    name, say): a setting to fix, not a service to wait for. The message is one line."""
+
+
+class NoSentinelAnswersError(Exception):
+    """No sentinel of the URL answers; the message is one line."""
+
+
+@dataclass(frozen=True)
+class SentinelAddress:
+    """A parsed ``redis+sentinel://`` URL."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    username: str | None = field(default=None, repr=False)
+    password: str | None = field(default=None, repr=False)
+
+    @property
+    def hosts(self) -> str:
+        """The sentinels as ``HOST:PORT,...``, for messages."""
+        return ",".join(f"{host}:{port}" for host, port in self.sentinels)
+
+    def manager(self, timeout: float) -> Sentinel:
+        """redis-py's Sentinel of these sentinels: each asked once, ``timeout`` each, so a dead
+        sentinel costs one refused connection, not a retry loop."""
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+        from redis.sentinel import Sentinel
+
+        sentinel_kwargs = {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "retry": Retry(NoBackoff(), 0),
+        }
+        return Sentinel(list(self.sentinels), sentinel_kwargs=sentinel_kwargs)
+
+
+@functools.cache
+def _sentinel_connection_class() -> type:
+    """redis-py's ``SentinelManagedConnection``, asking the sentinels for the primary on every
+    connect (a class made on first use: redis is imported lazily, as everywhere in skewer)."""
+    from redis.sentinel import SentinelManagedConnection
+
+    class SentinelConnection(SentinelManagedConnection):
+        # Command retries reconnect through connect_check_health, which redis-py 8.1 sends to
+        # the old address (redis/redis-py#3874): ask the sentinels first, and try once, so the
+        # next retry asks them again instead of knocking at a dead primary 30 times.
+        def connect_check_health(
+            self, check_health: bool = True, retry_socket_connect: bool = True
+        ) -> None:
+            if not self._sock and self.connection_pool.is_master:
+                self.host, self.port = self.connection_pool.get_master_address()
+            super().connect_check_health(check_health, retry_socket_connect=False)
+
+    return SentinelConnection
+
+
+def sentinel_address(url: str) -> SentinelAddress | None:
+    """The parts of a ``redis+sentinel://`` URL; None for any other scheme, a ValueError (one
+    line, password hidden) for a Sentinel URL that is not of :data:`SENTINEL_URL_FORM`.
+
+    >>> sentinel_address("redis+sentinel://h:1")
+    Traceback (most recent call last):
+    ...
+    ValueError: 'redis+sentinel://h:1' is not redis+sentinel://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]
+    """
+    parts = urlsplit(url.strip())
+    if parts.scheme != SENTINEL_SCHEME:
+        return None
+    path = parts.path.strip("/").split("/")
+    try:
+        sentinels = host_ports(parts.netloc.rpartition("@")[2], "sentinels")
+        valid = path[0] != "" and len(path) <= 2 and (len(path) == 1 or path[1].isdigit())
+    except ValueError:
+        valid = False
+    if not valid:
+        raise ValueError(f"{redacted_url(url)!r} is not {SENTINEL_URL_FORM}")
+    return SentinelAddress(
+        sentinels=tuple(sentinels),
+        service=unquote(path[0]),
+        db=int(path[1]) if len(path) == 2 else 0,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
+    )
+
+
+def is_sentinel_url(url: str) -> bool:
+    """True for a ``redis+sentinel://`` URL (well formed or not).
+
+    >>> is_sentinel_url("redis+sentinel://h:1/skewer"), is_sentinel_url("redis://h:1/0")
+    (True, False)
+    """
+    return urlsplit(url.strip()).scheme == SENTINEL_SCHEME
+
+
+def replicas_to_wait(url: str) -> int:
+    """How many replicas must acknowledge a state write before it counts as done: 1 behind
+    Sentinel (a failover then loses nothing acknowledged), 0 for a lone Redis."""
+    return 1 if is_sentinel_url(url) else 0
+
+
+def client_from_url(url: str, *, sentinel_timeout: float = 5.0, **kwargs: Any) -> redis.Redis:
+    """A client of ``url``: ``Redis.from_url(url, **kwargs)``, or for ``redis+sentinel://`` the
+    client of the sentinels' current primary (``master_for``; ``kwargs`` are its connection
+    options). Nothing is connected yet."""
+    import redis as redis_module
+
+    address = sentinel_address(url)
+    if address is None:
+        return redis_module.Redis.from_url(url, **kwargs)
+    credentials = {"username": address.username, "password": address.password}
+    return address.manager(sentinel_timeout).master_for(
+        address.service,
+        db=address.db,
+        connection_class=_sentinel_connection_class(),
+        **credentials,
+        **kwargs,
+    )
+
+
+def require_primary(url: str, timeout: float = 5.0) -> tuple[str, int]:
+    """The (host, port) of the primary the sentinels of ``url`` name now.
+
+    Raises :class:`NoSentinelAnswersError` when no sentinel answers and :class:`NoPrimaryError`
+    when some answer but none names a primary that is up for the service. ``url`` must be a
+    ``redis+sentinel://`` URL.
+    """
+    from redis.exceptions import RedisError
+    from redis.sentinel import MasterNotFoundError
+
+    address = sentinel_address(url)
+    if address is None:
+        raise ValueError(f"{redacted_url(url)!r} is not a {SENTINEL_SCHEME}:// URL")
+    manager = address.manager(timeout)
+    try:
+        answering = 0
+        for sentinel in manager.sentinels:
+            try:
+                answering += bool(sentinel.ping())
+            except RedisError:
+                continue
+        if not answering:
+            raise NoSentinelAnswersError(f"no Redis Sentinel answers at {address.hosts}")
+        try:
+            host, port = manager.discover_master(address.service)
+        except MasterNotFoundError:
+            raise NoPrimaryError(
+                f"the Redis Sentinels at {address.hosts} name no primary for service "
+                f"{address.service!r} (check the service name of {redacted_url(url)})"
+            ) from None
+        return str(host), int(port)
+    finally:
+        manager.close()

@@ -1,0 +1,267 @@
+"""Kafka as a cluster of three KRaft nodes (issue 13, point 2): the demo on it, its fault tests,
+and a replication it cannot meet.
+
+``skewer services up --kafka-brokers 3`` runs three combined broker-and-controller nodes
+(:class:`pipeline.services.kafka_broker.KafkaNodeService`); here they run on ports and in a run
+folder of the module's own, beside the test session's one broker. Topics get three replicas,
+two in sync, and so do the offsets and the transaction state.
+
+- The acceptance run (issue 13, acceptance 2) is the README's: ``skewer services up
+  --spark-workers 2 --kafka-brokers 3``, then ``skewer demo --spark-master spark://... --verify``,
+  then ``skewer services down``, each a subprocess.
+- The fault tests kill -9 the broker that coordinates the grouping stage's transactions
+  mid-run, then start it again; each is described in its docstring.
+- A replication larger than the cluster is refused at start with one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from live_runs import fault_plan, free_port, shared_spark_run, wait_for, wait_for_a_migration
+
+from pipeline.io import config, kafka_io
+from pipeline.runs.orchestrator import Pipeline
+from pipeline.runs.plan import RunPlan, new_run_id
+from pipeline.services import manager, process
+from pipeline.services.kafka_broker import KafkaNodeService, node_name
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+NODES = [node_name(node) for node in range(1, config.KAFKA_CLUSTER_NODES + 1)]
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports free on 127.0.0.1 now."""
+    for _ in range(100):
+        base = free_port()
+        if base + count > 65535:
+            continue
+        probes = [socket.socket() for _ in range(count)]
+        try:
+            for offset, probe in enumerate(probes):
+                probe.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    raise AssertionError(f"no {count} consecutive free ports")
+
+
+def cluster_environ(settings: config.Settings, run_dir: Path) -> dict[str, str]:
+    """The environment of a cluster of the test's own: node i on ports base + 2(i - 1) (client)
+    and base + 2(i - 1) + 1 (controller), Spark's standalone master on the next four."""
+    base = free_ports(2 * config.KAFKA_CLUSTER_NODES + 4)
+    brokers = [f"127.0.0.1:{base + 2 * i}" for i in range(config.KAFKA_CLUSTER_NODES)]
+    return {
+        **os.environ,
+        **settings.environ(),
+        config.ENV_RUN_DIR: str(run_dir),
+        config.ENV_KAFKA_BOOTSTRAP: ",".join(brokers),
+        config.ENV_KAFKA_CONTROLLER: f"127.0.0.1:{base + 1}",
+        # The master, its web UI and two workers' UIs: the ports after the cluster's.
+        config.ENV_SPARK_STANDALONE: f"127.0.0.1:{base + 2 * config.KAFKA_CLUSTER_NODES}",
+    }
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    settings: config.Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[config.Settings]:
+    """The settings of a running cluster of three nodes (under this module's lease)."""
+    environ = cluster_environ(settings, tmp_path_factory.mktemp("kafka-cluster") / "run")
+    cluster_settings = config.load(environ)
+    states = manager.acquire(cluster_settings, NODES)
+    assert [s.state for s in states] == ["started"] * len(NODES)
+    try:
+        yield cluster_settings
+    finally:
+        manager.release(cluster_settings, NODES)
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (of a text of BMP characters), as a signed 32-bit int."""
+    value = 0
+    for character in text:
+        value = (31 * value + ord(character)) & 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def transaction_coordinator(bootstrap: str, transactional_id: str) -> int:
+    """The node id that coordinates ``transactional_id``: the leader of its partition of
+    ``__transaction_state``, ``abs(hashCode) % partitions`` (Kafka's
+    TransactionStateManager.partitionFor, where abs clears the sign bit)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    topic = admin.list_topics(topic="__transaction_state", timeout=10).topics["__transaction_state"]
+    partition = (java_string_hash(transactional_id) & 0x7FFFFFFF) % len(topic.partitions)
+    return topic.partitions[partition].leader
+
+
+def topic_replicas(bootstrap: str, topic: str) -> set[int]:
+    """How many replicas each partition of ``topic`` has (one number if all agree)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    partitions = admin.list_topics(topic=topic, timeout=10).topics[topic].partitions
+    return {len(partition.replicas) for partition in partitions.values()}
+
+
+def skewer(environ: dict[str, str], *argv: str, timeout: float) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "pipeline.cli", *argv]
+    return subprocess.run(
+        command, env=environ, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_the_readme_cluster_runs_the_demo_exactly(
+    settings: config.Settings, tmp_path: Path
+) -> None:
+    """README, "Run on a cluster": ``services up --spark-workers 2 --kafka-brokers 3``, then the
+    demo on the standalone master with ``--verify``; every (key, window) count exact, and
+    ``services down`` stops what ``up`` started."""
+    environ = cluster_environ(settings, tmp_path / "run")
+    cluster_settings = config.load(environ)
+    try:
+        up = skewer(
+            environ, "services", "up", "--spark-workers", "2", "--kafka-brokers", "3", timeout=300
+        )
+        assert up.returncode == 0, up.stdout + up.stderr
+        started = {line.split()[0] for line in up.stdout.splitlines() if " started " in line}
+        assert started >= {*NODES, "spark-master", "spark-worker-1", "spark-worker-2"}
+        run_id = f"cluster-{new_run_id()[5:]}"
+        demo = skewer(
+            environ,
+            "demo",
+            "--spark-master",
+            cluster_settings.spark_standalone_url,
+            "--records",
+            "20000",
+            "--workers",
+            "8",
+            "--run-id",
+            run_id,
+            "--verify",
+            "--json",
+            timeout=600,
+        )
+        assert demo.returncode == 0, demo.stderr
+        report = json.loads(demo.stdout)
+        assert report["exact"] is True
+        assert report["records_produced"] == report["records_processed"] == 20_000
+        assert len(report["per_worker"]) == 8 and min(report["per_worker"]) > 0
+        # The transactions the run committed are on three nodes.
+        assert topic_replicas(cluster_settings.kafka_bootstrap, "__transaction_state") == {3}
+    finally:
+        down = skewer(environ, "services", "down", timeout=120)
+    assert down.returncode == 0, down.stderr
+    stopped = {line.split()[0] for line in down.stdout.splitlines() if " stopped " in line}
+    assert stopped == started
+
+
+def test_topics_on_the_cluster_have_three_replicas_two_in_sync(cluster: config.Settings) -> None:
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    topic = f"replicas-{new_run_id()[5:]}"
+    bootstrap = cluster.kafka_bootstrap
+    assert kafka_io.ensure_topic(bootstrap, topic, 4, replication=cluster.kafka_replication)
+    try:
+        assert topic_replicas(bootstrap, topic) == {3}
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+        (described,) = admin.describe_configs([ConfigResource("topic", topic)]).values()
+        assert described.result()["min.insync.replicas"].value == "2"
+    finally:
+        kafka_io.delete_topics(bootstrap, [topic])
+
+
+def test_replication_beyond_the_brokers_is_refused_with_exit_2(
+    settings: config.Settings,
+) -> None:
+    """The session's one broker cannot hold three replicas: the demo refuses at start, with one
+    line, before it created any topic or started any stage."""
+    run_id = f"replicas-{new_run_id()[5:]}"
+    environ = {**os.environ, **settings.environ(), config.ENV_KAFKA_REPLICATION: "3"}
+    done = skewer(environ, "demo", "--records", "1000", "--run-id", run_id, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith(
+            "kafka: replication 3 (SKEWER_KAFKA_REPLICATION) is more than the 1 broker(s) of the "
+            "cluster"
+        )
+    ), done.stderr
+    assert kafka_io.topic_partitions(settings.kafka_bootstrap, f"{run_id}-keys") is None
+    group = skewer(environ, "group", "--workers", "2", "--run-id", run_id, timeout=60)
+    assert group.returncode == 2, group.stderr
+    assert group.stderr.strip().splitlines() == [
+        "skewer group: error: kafka: replication 3 (SKEWER_KAFKA_REPLICATION) is more than the "
+        "1 broker(s) of the cluster"
+    ]
+
+
+def kill_and_restart_coordinator(cluster: config.Settings, plan: RunPlan) -> int:
+    """kill -9 the node coordinating source 0's transactions, start it again under the
+    module's lease; its node id."""
+    coordinator = transaction_coordinator(cluster.kafka_bootstrap, plan.names.transactional_id(0))
+    node = KafkaNodeService(cluster, coordinator)
+    record = process.read_pid_file(node.pid_path)
+    assert record is not None, f"{node.name} is not this module's"
+    os.kill(record.pid, signal.SIGKILL)
+    while process.is_alive(record):
+        time.sleep(0.05)
+    # A lease, not `up`: `up` adopts what it starts, and the node would outlive the tests.
+    assert [s.state for s in manager.acquire(cluster, [node.name])] == ["started"]
+    return coordinator
+
+
+@pytest.mark.parametrize("scheme", ["pkg", "mixed"])
+def test_kill_9_of_the_transaction_coordinator_keeps_counts_exact(
+    cluster: config.Settings, spark: object, scheme: str
+) -> None:
+    """What is killed: the node that coordinates the grouping stage's transactions (source 0's
+    ``transactional.id``), with SIGKILL. When: once a fifth of the records are processed; for
+    mixed, while a migration is in flight (the controller published a table and keys move).
+    Recovery expected: the controller fences the node after its session timeout, the
+    partitions and the transaction state fail over to the two others (two replicas stay in
+    sync), the producer finds the new coordinator and commits or aborts and replays its open
+    transaction; the node is started again and catches up. No stage restarts, and every
+    (key, window) count equals the ground truth."""
+    # Four workers: the run shares two cores with three brokers and the session's services.
+    workload = {"workload": "drift:mode=fluctuate,z=1.0,keys=5000,intervals=4,workers=4,seed=3"}
+    plan = fault_plan(
+        scheme,
+        f"brokers-{scheme}",
+        records=30_000,
+        workers=4,
+        cpu_cost_us=0,
+        **(workload if scheme == "mixed" else {}),
+    )
+    killed: list[int] = []
+
+    def kill_mid_run(pipeline: Pipeline) -> None:
+        if scheme == "mixed":
+            wait_for_a_migration(pipeline)
+        else:
+            wait_for(pipeline, lambda p: p.processed >= plan.records // 5, "a fifth processed")
+        assert pipeline.progress().processed < plan.records  # mid-run indeed
+        killed.append(kill_and_restart_coordinator(cluster, plan))
+
+    with shared_spark_run(plan, cluster, spark, during=kill_mid_run) as pipeline:
+        summary = pipeline.summary()
+    assert killed, "no broker was killed"
+    assert summary.restarts == {}
+    assert summary.verification.exact, "\n".join(summary.verification.lines())
+    assert summary.records_produced == summary.records_processed == plan.records

@@ -1,0 +1,159 @@
+"""Redis failover with Sentinel (issue 13, point 3): a kill -9 of the primary loses no count,
+and a Sentinel that names no primary is refused at start.
+
+Each test runs a Sentinel set of its own (``skewer services up --redis-sentinel``, through
+:func:`pipeline.services.manager.up`: the primary, 2 replicas and 3 sentinels on free ports,
+in the test's own run folder; the session's Kafka), pointed at by ``SKEWER_REDIS_URL`` =
+``redis+sentinel://...``, and stops it at the end, pass or fail.
+
+The two fault tests kill the primary with SIGKILL mid-run; each says in its docstring what is
+killed, when and what recovery is expected. What makes them exact: a worker's apply returns
+only once a replica acknowledged it (``WAIT 1``), so the replica Sentinel promotes holds every
+batch Spark may have committed, and an apply cut off by the kill is retried on the new
+primary, where it is applied once (idempotent per worker and batch).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from live_runs import RUN_TIMEOUT, fault_plan, free_port, run_of, wait_for, wait_for_a_migration
+
+from pipeline.cli import app
+from pipeline.io import config, kafka_io, redis_client
+from pipeline.runs.plan import RunPlan, new_run_id
+from pipeline.services import manager, process, redis_sentinel
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SET = ("redis", *redis_sentinel.NAMES)
+
+
+def free_ports_in_a_row(count: int) -> int:
+    """The first of ``count`` consecutive ports free on 127.0.0.1 now."""
+    for _ in range(100):
+        first = free_port()
+        if first + count > 65_535:
+            continue
+        try:
+            for port in range(first + 1, first + count):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise AssertionError(f"no {count} free ports in a row")
+
+
+@pytest.fixture
+def sentinel_set(
+    settings: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[config.Settings]:
+    """A Sentinel set of this test's own, running; the returned settings are the services'
+    (``redis_url`` the primary's); every ``skewer`` the test starts gets the Sentinel URL."""
+    own = config.load(
+        {
+            config.ENV_KAFKA_BOOTSTRAP: settings.kafka_bootstrap,
+            config.ENV_RUN_DIR: str(tmp_path / "run"),
+            config.ENV_REDIS_URL: f"redis://127.0.0.1:{free_ports_in_a_row(3)}/0",
+            config.ENV_REDIS_SENTINEL: f"127.0.0.1:{free_ports_in_a_row(3)}",
+        }
+    )
+    try:
+        states = manager.up(own, ["redis"], redis_sentinel_set=True)
+        assert [(s.name, s.state) for s in states] == [(name, "started") for name in SET]
+        monkeypatch.setenv(config.ENV_RUN_DIR, str(own.run_dir))
+        monkeypatch.setenv(config.ENV_REDIS_URL, own.redis_sentinel_url)
+        yield own
+    finally:
+        manager.down(own, SET)
+
+
+def kill_primary(own: config.Settings) -> int:
+    """SIGKILL the process the sentinels name as primary now; its port."""
+    _, port = redis_client.require_primary(own.redis_sentinel_url)
+    [service] = [s for s in manager.native_services(own, SET) if getattr(s, "port", 0) == port]
+    record = process.read_pid_file(service.pid_path)
+    assert record is not None, f"{service.name} has no pid file"
+    os.kill(record.pid, signal.SIGKILL)
+    return port
+
+
+def wait_for_failover(own: config.Settings, killed_port: int, timeout: float = 30.0) -> int:
+    """The port of the replica the sentinels promoted in place of ``killed_port``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            _, port = redis_client.require_primary(own.redis_sentinel_url, timeout=1.0)
+        except redis_client.NoPrimaryError:  # the primary is down, none promoted yet
+            port = killed_port
+        if port != killed_port:
+            return port
+        time.sleep(0.1)
+    raise AssertionError(f"no failover within {timeout:.0f} s of killing port {killed_port}")
+
+
+def test_a_sentinel_that_names_no_primary_is_refused_with_exit_2(
+    sentinel_set: config.Settings,
+    settings: config.Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A wrong service name: the sentinels answer but name no primary. ``skewer demo`` and
+    ``skewer work`` stop at start with one line and exit 2, before any stage, topic or Spark
+    session exists."""
+    wrong = sentinel_set.redis_sentinel_url.replace("/skewer/", "/no-such-service/")
+    monkeypatch.setenv(config.ENV_REDIS_URL, wrong)
+    run_id = f"sentinel-refused-{new_run_id()[5:]}"
+    expected = "name no primary for service 'no-such-service'"
+    for command in (
+        ["demo", "--records", "1000", "--run-id", run_id],
+        ["work", "--run-id", run_id, "--workers", "2", "--until-end"],
+    ):
+        capsys.readouterr()
+        code = app.main(command)
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert code == 2, lines
+        assert len(lines) == 1 and expected in lines[0], lines
+        assert lines[0].startswith(f"skewer {command[0]}: error: the Redis Sentinels at ")
+    assert not (sentinel_set.run_dir / "demo" / run_id).exists()  # no stage was started
+    plan = RunPlan(scheme="pkg", records=1000, run_id=run_id)
+    for topic in plan.topics:
+        assert kafka_io.topic_partitions(settings.kafka_bootstrap, topic) is None, topic
+
+
+@pytest.mark.parametrize("scheme", ["pkg", "mixed"])
+def test_kill_9_of_the_primary_mid_run_fails_over_and_keeps_counts_exact(
+    sentinel_set: config.Settings, scheme: str
+) -> None:
+    """What is killed: the Redis primary, with SIGKILL. When: for pkg, once a quarter of the
+    records are processed, with micro-batches in flight; for mixed on a drifting stream, while
+    a migration is in flight (the controller published a table and keys' state moves between
+    workers in Redis). Recovery expected: within seconds the sentinels promote a replica,
+    which holds every apply a replica acknowledged (``WAIT``); every stage's client (Spark's
+    workers, grouping stage, aggregator, controller, producers) reconnects to it through the
+    sentinels and retries, an apply cut off is applied there once, and a migration completes.
+    No stage restarts, records produced = processed, and every (key, window) count equals the
+    ground truth."""
+    plan = fault_plan(scheme, f"sentinel-{scheme}")
+    with run_of(plan, config.load()) as pipeline:
+        pipeline.prepare()
+        pipeline.start_all()
+        if scheme == "mixed":
+            wait_for_a_migration(pipeline)
+        else:
+            wait_for(pipeline, lambda p: p.processed >= plan.records // 4, "a quarter processed")
+        assert pipeline.progress().processed < plan.records  # mid-run indeed
+        killed = kill_primary(sentinel_set)
+        wait_for_failover(sentinel_set, killed)
+        pipeline.wait(timeout=RUN_TIMEOUT)
+        summary = pipeline.summary()
+        assert summary.restarts == {}
+        assert summary.verification.exact, "\n".join(summary.verification.lines())
+        assert summary.records_produced == summary.records_processed == plan.records
