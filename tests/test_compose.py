@@ -11,6 +11,10 @@ builder would reject is checked here instead, against the real files:
   mounts present;
 - every skewer service's command is parsed by the real ``skewer`` argument parser, so a wrong
   flag fails here, and the services agree on run id, topics, W and S;
+- the two profiles: ``spark-cluster`` (a standalone master and scalable workers from the
+  skewer image, their launcher run for real; ``work`` the driver) and ``kafka-cluster``
+  (three KRaft nodes agreeing on quorum, cluster id and replication), neither changing what
+  ``docker compose up`` starts, and the variables that point skewer at them;
 - the compose Prometheus config scrapes exactly the skewer services and passes
   ``promtool check config`` (with the shared recording rules next to it);
 - deploy/Dockerfile: pinned base images, COPY sources present and not excluded by
@@ -51,7 +55,9 @@ import yaml
 
 from pipeline.cli import demo
 from pipeline.cli.app import build_parser
-from pipeline.io import config, kafka_io
+from pipeline.io import config, kafka_io, spark_session
+from pipeline.services import spark_standalone
+from pipeline.services.redis_server import RedisService
 from pipeline.stages import grouping
 from producers.workloads import DEFAULT_WORKLOAD
 
@@ -63,6 +69,13 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 
 INFRASTRUCTURE = {"kafka", "redis", "prometheus", "grafana"}
+#: The services of each profile; every other service has none (``docker compose up`` runs it).
+PROFILES = {
+    "spark-cluster": {"spark-master", "spark-worker"},
+    "kafka-cluster": {"kafka-1", "kafka-2", "kafka-3"},
+}
+SPARK_SERVICES = PROFILES["spark-cluster"]
+KAFKA_NODES = {f"kafka-{node}": node for node in (1, 2, 3)}
 #: skewer's own services and the ``skewer`` subcommand each runs.
 SKEWER_COMMANDS = {
     "group": "group",
@@ -201,7 +214,7 @@ SERVICE_KEYS = frozenset(
     {
         "build", "command", "container_name", "depends_on", "entrypoint", "environment",
         "env_file", "healthcheck", "image", "init", "labels", "logging", "networks", "ports",
-        "restart", "stop_grace_period", "stop_signal", "ulimits", "user", "volumes",
+        "profiles", "restart", "stop_grace_period", "stop_signal", "ulimits", "user", "volumes",
         "working_dir",
     }
 )  # fmt: skip
@@ -240,7 +253,7 @@ def test_the_key_check_rejects_an_unknown_service_key(compose: dict[str, Any]) -
 
 def test_services_and_images(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == INFRASTRUCTURE | set(SKEWER_COMMANDS)
+    assert set(services) == INFRASTRUCTURE | set(SKEWER_COMMANDS) | set().union(*PROFILES.values())
     namespace = {"m": "http://maven.apache.org/POM/4.0.0"}
     pom = ElementTree.parse(ROOT / "deploy" / "kafka" / "pom.xml")
     kafka_version = pom.find("m:properties/m:kafka.version", namespace).text
@@ -251,11 +264,14 @@ def test_services_and_images(compose: dict[str, Any]) -> None:
     for name in INFRASTRUCTURE:
         tag = services[name]["image"].rpartition(":")[2]
         assert re.fullmatch(r"v?\d+(\.\d+)+", tag), f"{name}: image tag {tag!r} is not a version"
-    for name in SKEWER_COMMANDS:
+    # The Spark daemons run the image's own PySpark, so the very Spark and Python of the driver.
+    for name in [*SKEWER_COMMANDS, *SPARK_SERVICES]:
         service = services[name]
         assert service["build"] == {"context": ".", "dockerfile": "deploy/Dockerfile"}, name
         assert service["image"] == "skewer:local", name
         assert service["init"] is True, f"{name}: tini as PID 1 forwards SIGTERM to skewer"
+    for name in KAFKA_NODES:
+        assert services[name]["image"] == services["kafka"]["image"], name
 
 
 def test_kafka_is_a_single_kraft_node_without_topic_auto_creation(
@@ -315,7 +331,9 @@ def test_host_ports_are_the_native_defaults_on_loopback(compose: dict[str, Any])
     assert _host_ports(services["redis"]) == {6379: settings.redis_port}
     assert _host_ports(services["prometheus"]) == {9090: settings.prometheus_port}
     assert _host_ports(services["grafana"]) == {3000: 13000}
-    for name in SKEWER_COMMANDS:
+    # The standalone master's web UI is on the native master's UI port (its RPC port plus 1).
+    assert _host_ports(services["spark-master"]) == {8080: settings.spark_standalone_port + 1}
+    for name in [*SKEWER_COMMANDS, "spark-worker", *KAFKA_NODES]:
         assert "ports" not in services[name], f"{name}: reached through the compose network only"
 
 
@@ -373,6 +391,14 @@ def test_start_order(compose: dict[str, Any]) -> None:
             "aggregate": HEALTHY,
             "control": {"condition": "service_started"},
         },
+        # `work` cannot wait for the master (a service of no profile may not depend on one of a
+        # profile): on a cluster it exits 2 until the master answers, and is restarted.
+        "spark-master": {},
+        "spark-worker": {"spark-master": HEALTHY},
+        # Three voters wait for each other's quorum, which depends_on cannot express (a cycle).
+        "kafka-1": {},
+        "kafka-2": {},
+        "kafka-3": {},
     }
     for name, dependencies in depends.items():
         for dependency, condition in dependencies.items():
@@ -640,6 +666,289 @@ def test_switching_run_id_switches_every_topic(raw: dict[str, Any]) -> None:
             assert flags["--workers"] == "4", name
 
 
+# --- profiles: the Spark and Kafka clusters -----------------------------------------------------
+
+
+def _profiles(service: dict[str, Any]) -> set[str]:
+    return set(service.get("profiles", []))
+
+
+def _enabled(compose: dict[str, Any], active: set[str]) -> set[str]:
+    """The services compose runs with the profiles ``active`` (those of no profile always)."""
+    return {
+        name
+        for name, service in compose["services"].items()
+        if not _profiles(service) or _profiles(service) & active
+    }
+
+
+def test_profiles_leave_the_default_stack_unchanged(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for profile, members in PROFILES.items():
+        assert {name for name, s in services.items() if profile in _profiles(s)} == members
+        assert all(_profiles(services[name]) == {profile} for name in members), profile
+    assert _enabled(compose, set()) == INFRASTRUCTURE | set(SKEWER_COMMANDS)
+
+
+@pytest.mark.parametrize(
+    "active", [set(), {"spark-cluster"}, {"kafka-cluster"}, {"spark-cluster", "kafka-cluster"}]
+)
+def test_services_depend_only_on_services_their_profiles_enable(
+    compose: dict[str, Any], active: set[str]
+) -> None:
+    """Compose refuses a model in which an enabled service depends on one that no active
+    profile enables (it does not start the dependency instead)."""
+    enabled = _enabled(compose, active)
+    for name in enabled:
+        for dependency in compose["services"][name].get("depends_on", {}):
+            assert dependency in enabled, f"{name} depends on {dependency}, off with {active}"
+
+
+def _spark_launch(service: dict[str, Any]) -> list[str]:
+    return [str(part) for part in [*service["entrypoint"], *service["command"]]]
+
+
+def test_spark_services_share_the_pip_launcher(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    entrypoints = {tuple(services[name]["entrypoint"]) for name in SPARK_SERVICES}
+    [entrypoint] = entrypoints
+    assert entrypoint[:2] == ("sh", "-c")
+    check = subprocess.run(["sh", "-n", "-c", entrypoint[2]], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    # The image puts its virtualenv (with PySpark) first on PATH: `python` there is that one.
+    stages = _dockerfile_stages()
+    assert _env(stages, len(stages) - 1)["PATH"].startswith("/opt/venv/bin:")
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="no Java runtime")
+@pytest.mark.parametrize("service", sorted(SPARK_SERVICES))
+def test_spark_launcher_finds_spark_class_and_the_main_class(
+    compose: dict[str, Any], service: str, tmp_path: Path
+) -> None:
+    """The entrypoint run for real with this interpreter's PySpark: `MAIN --help` starts the
+    daemon's own argument parser, so spark-class, Java and the class name are all right."""
+    launch = _spark_launch(compose["services"][service])
+    main_class = launch[4]
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "HOME": str(tmp_path),
+    }
+    result = subprocess.run(
+        [*launch[:4], main_class, "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert f"Usage: {main_class.rpartition('.')[2]} [options]" in output
+
+
+def test_spark_master_and_workers(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    master = _spark_launch(services["spark-master"])[4:]
+    assert master[0] == "org.apache.spark.deploy.master.Master"
+    master_flags = dict(zip(master[1::2], master[2::2], strict=True))
+    # It listens under its service name: the URL the workers and the driver use names it.
+    assert master_flags["--host"] == "spark-master"
+    master_url = f"spark://{master_flags['--host']}:{master_flags['--port']}"
+    assert master_flags["--webui-port"] == "8080" and 8080 in _host_ports(services["spark-master"])
+
+    worker_service = services["spark-worker"]
+    worker = _spark_launch(worker_service)[4:]
+    assert worker[:2] == ["org.apache.spark.deploy.worker.Worker", master_url]
+    flags = dict(zip(worker[2::2], worker[3::2], strict=True))
+    assert int(flags["--cores"]) == spark_standalone.DEFAULT_WORKER_CORES
+    assert flags["--memory"] == spark_standalone.DEFAULT_WORKER_MEMORY
+    # The work folder must be writable by the image's user: under its home.
+    assert PurePosixPath(flags["--work-dir"]).is_relative_to("/var/lib/skewer")
+    # `--scale spark-worker=N`: nothing that only one container may have.
+    for unique in ("container_name", "hostname", "ports"):
+        assert unique not in worker_service, f"spark-worker: {unique} prevents --scale"
+    # Finished applications' folders are deleted, as by the native workers.
+    native = spark_standalone.SparkWorkerService(config.load({}), 1).environment()
+    assert _environment(worker_service)["SPARK_WORKER_OPTS"] == native["SPARK_WORKER_OPTS"]
+    assert "-Dspark.worker.cleanup.enabled=true" in native["SPARK_WORKER_OPTS"].split()
+    # The health checks probe each daemon's own UI port.
+    assert ":8080/json/" in services["spark-master"]["healthcheck"]["test"][-1]
+    assert f":{flags['--webui-port']}/json/" in worker_service["healthcheck"]["test"][-1]
+
+
+def test_the_spark_master_variable_makes_work_the_driver_on_the_cluster(
+    raw: dict[str, Any], compose: dict[str, Any], variables: dict[str, list[VariableUse]]
+) -> None:
+    master = _spark_launch(compose["services"]["spark-master"])[4:]
+    flags = dict(zip(master[1::2], master[2::2], strict=True))
+    url = f"spark://{flags['--host']}:{flags['--port']}"
+    work = _environment(compose["services"]["work"])
+    assert config.load(work).spark_master == config.DEFAULT_SPARK_MASTER == "local"
+
+    switched = interpolate(raw, {**TEST_SECRETS, "SKEWER_SPARK_MASTER": url})
+    for name in SKEWER_COMMANDS:
+        assert config.load(_environment(switched["services"][name])).spark_master == url, name
+    # Not a loopback master, so the session leaves the driver's address to Spark, whose
+    # default (spark.driver.host) is SPARK_LOCAL_HOSTNAME: the name executors reach `work` by.
+    assert not spark_session._on_this_machine(url)
+    assert _environment(switched["services"]["work"])["SPARK_LOCAL_HOSTNAME"] == "work"
+    # The default run fits the default two workers: a micro-batch runs its W tasks at once.
+    defaults = _defaults(variables)
+    assert int(defaults["WORKERS"]) <= 2 * int(defaults["SPARK_WORKER_CORES"])
+    assert f"SKEWER_SPARK_MASTER={url}" in ENV_EXAMPLE.read_text()
+
+
+class _JsonHandler(BaseHTTPRequestHandler):
+    body = b"{}"
+
+    def do_GET(self) -> None:
+        status = 200 if self.path == "/json/" else 404
+        self.send_response(status)
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+def _spark_check(test: list[str], ui_port: int, body: bytes | None) -> int:
+    """``test`` run against a stand-in UI answering ``body`` (None: nothing listens)."""
+    assert test[:2] == ["CMD", "python"]
+    handler = type("Handler", (_JsonHandler,), {"body": body or b""})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    port = server.server_address[1]
+    if body is None:
+        server.server_close()
+    else:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    command = [sys.executable, *test[2:]]
+    command[-1] = command[-1].replace(f":{ui_port}/", f":{port}/")
+    try:
+        return subprocess.run(command, capture_output=True, check=False, timeout=30).returncode
+    finally:
+        if body is not None:
+            server.shutdown()
+            server.server_close()
+
+
+def test_spark_health_checks(compose: dict[str, Any]) -> None:
+    """The master is healthy once its UI says ALIVE (not STANDBY); a worker once its UI answers."""
+    master = compose["services"]["spark-master"]["healthcheck"]["test"]
+    assert _spark_check(master, 8080, b'{"status": "ALIVE", "workers": []}') == 0
+    assert _spark_check(master, 8080, b'{"status": "STANDBY", "workers": []}') != 0
+    assert _spark_check(master, 8080, None) != 0
+    worker = compose["services"]["spark-worker"]["healthcheck"]["test"]
+    assert _spark_check(worker, 8081, b'{"cores": 4}') == 0
+    assert _spark_check(worker, 8081, None) != 0
+
+
+def _listeners(value: str) -> dict[str, str]:
+    return dict(item.split("://") for item in value.split(","))
+
+
+def test_kafka_cluster_nodes_form_one_quorum(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    envs = {name: _environment(services[name]) for name in KAFKA_NODES}
+    assert {name: int(env["KAFKA_NODE_ID"]) for name, env in envs.items()} == KAFKA_NODES
+    # One cluster id (the native cluster's) and one list of voters, naming every node.
+    assert {env["CLUSTER_ID"] for env in envs.values()} == {config.KAFKA_CLUSTER_ID}
+    [voters] = {env["KAFKA_CONTROLLER_QUORUM_VOTERS"] for env in envs.values()}
+    voter_addresses = dict(voter.split("@") for voter in voters.split(","))
+    assert {int(node) for node in voter_addresses} == set(KAFKA_NODES.values())
+    for name, env in envs.items():
+        assert env["KAFKA_PROCESS_ROLES"] == "broker,controller", name
+        assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false", name
+        listeners = _listeners(env["KAFKA_LISTENERS"])
+        controller_host, _, controller_port = voter_addresses[env["KAFKA_NODE_ID"]].rpartition(":")
+        # A node's voter entry is its own service name and CONTROLLER port.
+        assert controller_host == name and listeners["CONTROLLER"] == f":{controller_port}"
+        assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] == "CONTROLLER"
+        advertised = _listeners(env["KAFKA_ADVERTISED_LISTENERS"])
+        broker_listener = env["KAFKA_INTER_BROKER_LISTENER_NAME"]
+        assert set(advertised) == {broker_listener}, "controllers are not advertised"
+        assert advertised[broker_listener] == f"{name}{listeners[broker_listener]}"
+        protocols = dict(
+            item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(",")
+        )
+        assert set(protocols) == set(listeners), name
+        # Each node's log is on its own volume, and its health check asks itself.
+        assert services[name]["volumes"] == [f"{name}-data:{env['KAFKA_LOG_DIRS']}"]
+        check = " ".join(services[name]["healthcheck"]["test"])
+        assert f"--bootstrap-server {advertised[broker_listener]}" in check, name
+
+
+def test_kafka_cluster_replicates_like_the_native_cluster(compose: dict[str, Any]) -> None:
+    """Three replicas, two in sync for a write (the native cluster's and kafka_io's figures),
+    for the internal topics too: losing any one broker loses no committed offset or
+    transaction, and writes go on."""
+    expected = {
+        "KAFKA_DEFAULT_REPLICATION_FACTOR": "3",
+        "KAFKA_MIN_INSYNC_REPLICAS": "2",
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "3",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "3",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "2",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_REPLICATION_FACTOR": "3",
+        "KAFKA_SHARE_COORDINATOR_STATE_TOPIC_MIN_ISR": "2",
+    }
+    for name in KAFKA_NODES:
+        env = _environment(compose["services"][name])
+        assert {key: env.get(key) for key in expected} == expected, name
+        # The replication factor cannot exceed the cluster, and a write survives one loss.
+        assert int(env["KAFKA_MIN_INSYNC_REPLICAS"]) < 3 <= len(KAFKA_NODES)
+    # The single broker stays a single replica.
+    single = _environment(compose["services"]["kafka"])
+    assert single["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "1"
+
+
+def test_the_bootstrap_variable_points_every_skewer_service_at_the_cluster(
+    raw: dict[str, Any], compose: dict[str, Any]
+) -> None:
+    nodes = [
+        _listeners(_environment(compose["services"][name])["KAFKA_ADVERTISED_LISTENERS"])
+        for name in sorted(KAFKA_NODES)
+    ]
+    bootstrap = ",".join(node["INTERNAL"] for node in nodes)
+    assert bootstrap == "kafka-1:9092,kafka-2:9092,kafka-3:9092"
+    switched = interpolate(raw, {**TEST_SECRETS, "SKEWER_KAFKA_BOOTSTRAP": bootstrap})
+    for name in SKEWER_COMMANDS:
+        settings = config.load(_environment(switched["services"][name]))
+        assert config.host_ports(settings.kafka_bootstrap, config.ENV_KAFKA_BOOTSTRAP) == [
+            (f"kafka-{node}", 9092) for node in (1, 2, 3)
+        ], name
+    # .env.example and the README give exactly this list.
+    assert f"SKEWER_KAFKA_BOOTSTRAP={bootstrap}" in ENV_EXAMPLE.read_text()
+    assert f"SKEWER_KAFKA_BOOTSTRAP={bootstrap}" in (ROOT / "README.md").read_text()
+
+
+def test_redis_keeps_an_append_only_file_on_its_volume(
+    raw: dict[str, Any], compose: dict[str, Any]
+) -> None:
+    redis = compose["services"]["redis"]
+    command = [str(part) for part in redis["command"]]
+    flags = dict(zip(command[1::2], command[2::2], strict=True))
+    assert flags["--appendonly"] == "yes" and flags["--save"] == ""
+    # The same durability settings as the native Redis, fsync policy default included.
+    native = RedisService(config.load({})).command()
+    native_flags = dict(zip(native[1::2], native[2::2], strict=True))
+    for flag in (
+        "--appendonly",
+        "--appendfsync",
+        "--auto-aof-rewrite-percentage",
+        "--auto-aof-rewrite-min-size",
+        "--save",
+    ):
+        assert flags[flag] == native_flags[flag], flag
+    assert flags["--appendfsync"] == config.DEFAULT_REDIS_APPENDFSYNC
+    # The file is written to the working directory (the image's /data, no --dir): the volume.
+    assert "--dir" not in flags
+    assert ("redis-data", "/data") in _mounts(redis)
+    for policy in config.REDIS_APPENDFSYNC_POLICIES:
+        switched = interpolate(raw, {**TEST_SECRETS, "SKEWER_REDIS_APPENDFSYNC": policy})
+        command = switched["services"]["redis"]["command"]
+        assert command[command.index("--appendfsync") + 1] == policy
+
+
 # --- mounts and volumes -------------------------------------------------------------------------
 
 
@@ -678,6 +987,9 @@ def test_named_volumes_are_declared(compose: dict[str, Any]) -> None:
         == set(compose["volumes"])
         == {
             "kafka-data",
+            "kafka-1-data",
+            "kafka-2-data",
+            "kafka-3-data",
             "redis-data",
             "prometheus-data",
             "checkpoints",
@@ -1007,9 +1319,11 @@ def _compose_plugin_installed() -> bool:
 
 
 @pytest.mark.skipif(not _compose_plugin_installed(), reason="docker compose plugin not installed")
-def test_docker_compose_config_accepts_the_file() -> None:
+@pytest.mark.parametrize("profiles", [[], sorted(PROFILES)])
+def test_docker_compose_config_accepts_the_file(profiles: list[str]) -> None:
+    flags = [word for profile in profiles for word in ("--profile", profile)]
     result = subprocess.run(
-        ["docker", "compose", "-f", str(COMPOSE_FILE), "config", "-q"],
+        ["docker", "compose", "-f", str(COMPOSE_FILE), *flags, "config", "-q"],
         capture_output=True,
         text=True,
         check=False,
