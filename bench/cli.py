@@ -7,7 +7,8 @@ simulation and planning speed into ``speed.md``. ``skewer bench worker`` races t
 against Spark's own windowed count into ``worker_stage.md``. ``skewer bench e2e`` runs the live
 pipeline once per live scheme (services must answer) into ``end_to_end.md``; ``skewer bench
 migration`` runs each routing-table scheme live with its controller, and in the simulator, into
-``migration.md``. ``--out DIR`` writes elsewhere.
+``migration.md``. ``skewer bench scale`` runs the workers on 1, 2 and 4 Spark executors and the
+grouping stage on topics of 1 and 3 replicas into ``scale.md``. ``--out DIR`` writes elsewhere.
 """
 
 from __future__ import annotations
@@ -72,6 +73,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     migration.add_argument("--out", type=Path, help="output directory (default bench/results)")
     migration.set_defaults(handler=run_migration)
+    scale = commands.add_parser(
+        "scale", help="workers on 1, 2, 4 Spark executors; the grouping stage at replication 1, 3"
+    )
+    scale.add_argument(
+        "--records", type=int, default=400_000, help="records per executor run (400000)"
+    )
+    scale.add_argument(
+        "--cpu-cost-us", type=float, default=0.0, help="emulated µs per record (0: none)"
+    )
+    scale.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    scale.set_defaults(handler=run_scale)
 
 
 def _command(args: argparse.Namespace, *flags: str) -> str:
@@ -208,5 +220,25 @@ def run_migration(args: argparse.Namespace) -> int:
         )
     except PipelineError as error:
         print(f"skewer bench migration: error: {error}", file=sys.stderr)
+        return 1
+    return _write(result, args.out, command, time.perf_counter() - began)
+
+
+def run_scale(args: argparse.Namespace) -> int:
+    from bench import scale
+    from pipeline.cli.arguments import UsageError, require_at_least
+    from pipeline.runs.orchestrator import PipelineError
+
+    require_at_least(1, ("--records", args.records))
+    if not args.cpu_cost_us >= 0:
+        raise UsageError(f"--cpu-cost-us must be >= 0, got {args.cpu_cost_us:g}")
+    command = _command(
+        args, "--records", str(args.records), "--cpu-cost-us", f"{args.cpu_cost_us:g}"
+    )
+    began = time.perf_counter()
+    try:
+        result = scale.run(executor_records=args.records, cpu_cost_us=args.cpu_cost_us, log=_log)
+    except PipelineError as error:
+        print(f"skewer bench scale: error: {error}", file=sys.stderr)
         return 1
     return _write(result, args.out, command, time.perf_counter() - began)

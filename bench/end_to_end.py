@@ -100,12 +100,15 @@ class Trace:
         }
 
 
-def traced_run(plan: Any, settings: Any) -> tuple[Any, Trace]:
-    """:func:`pipeline.runs.orchestrator.run_pipeline`, sampling progress and latency."""
+def traced_run(
+    plan: Any, settings: Any, environ: dict[str, str] | None = None
+) -> tuple[Any, Trace]:
+    """:func:`pipeline.runs.orchestrator.run_pipeline`, sampling progress and latency;
+    ``environ`` the stages' environment (default: this process's)."""
     from pipeline.runs.orchestrator import Pipeline
 
     trace = Trace()
-    with Pipeline(plan, settings) as pipeline:
+    with Pipeline(plan, settings, environ=environ) as pipeline:
         pipeline.prepare()
         pipeline.start_all()
 
