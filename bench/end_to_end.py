@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bench.experiment import ExperimentResult
+from bench.experiment import ExperimentResult, docstring_markdown
 
 LIVE_SCHEMES = ("key", "shuffle", "pkg", "d-choices", "w-choices", "fish", "consistent")
 WORKLOAD = "zipf:z=1.2,keys=100000,seed=0"
@@ -376,7 +376,7 @@ def run(
     return ExperimentResult(
         name="end_to_end",
         title="End to end: throughput and latency of every live scheme (Zipf z = 1.2, W = 8)",
-        markdown=__doc__.split("\n\n", 1)[1].strip().replace("``", "`") + "\n\n" + body,
+        markdown=docstring_markdown(__doc__) + "\n\n" + body,
         data={
             "records": records,
             "cpu_cost_us": cpu_cost_us,

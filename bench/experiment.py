@@ -25,3 +25,13 @@ class ExperimentResult:
     figures: dict[str, Any] = field(default_factory=dict)
     #: The numbers behind the tables, for tests and for JSON export.
     data: dict[str, Any] = field(default_factory=dict)
+
+
+def docstring_markdown(doc: str | None) -> str:
+    """A live benchmark module's docstring past its first paragraph, as the Markdown that
+    explains its results: what is measured, and how.
+
+    >>> docstring_markdown("Title.\\n\\nRuns ``skewer demo``.\\n")
+    'Runs `skewer demo`.'
+    """
+    return (doc or "").split("\n\n", 1)[1].strip().replace("``", "`")

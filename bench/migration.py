@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.experiment import ExperimentResult
+from bench.experiment import ExperimentResult, docstring_markdown
 
 TABLE_SCHEMES = ("scan", "redist", "readj", "llfd", "mintable", "minmig", "mixed")
 WORKLOAD = "drift:mode=fluctuate,z=1.0,keys=5000,intervals=4,workers=8,seed=3"
@@ -234,6 +234,6 @@ def run(
     return ExperimentResult(
         name="migration" if interval == INTERVAL else f"migration_{interval:g}s",
         title=f"Routing-table schemes live: planning, migrated state, hold-back ({interval:g} s)",
-        markdown=__doc__.split("\n\n", 1)[1].strip().replace("``", "`") + "\n\n" + body,
+        markdown=docstring_markdown(__doc__) + "\n\n" + body,
         data={"interval": interval, "rows": [dict(r) for r in rows]},
     )

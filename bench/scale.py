@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from bench.end_to_end import row, traced_run
-from bench.experiment import ExperimentResult
+from bench.experiment import ExperimentResult, docstring_markdown
 from bench.grouping_stage import TimedSource, measure
 from pipeline.io import config, kafka_io
 from pipeline.services import manager, spark_standalone
@@ -277,7 +277,7 @@ def run(
     return ExperimentResult(
         name="scale",
         title="Scaling out: Spark executors, and Kafka replication",
-        markdown=__doc__.split("\n\n", 1)[1].strip().replace("``", "`") + "\n\n" + body,
+        markdown=docstring_markdown(__doc__) + "\n\n" + body,
         data={
             "cpu_cost_us": cpu_cost_us,
             "executor_rows": executors,
