@@ -127,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
         "late": sum(s.late for s in summaries),
         "seconds": round(max((s.seconds for s in summaries), default=0.0), 3),
         "ended": all(s.ended for s in summaries),
+        # Sources whose process the stage started again (stuck in librdkafka): their counts
+        # above are their last process's.
+        "source_restarts": sum(s.restarts for s in summaries),
     }
     if args.json:
         print(json.dumps(total))

@@ -80,13 +80,16 @@ from __future__ import annotations
 
 import base64
 import collections
+import contextlib
 import json
 import multiprocessing
 import os
 import queue
 import signal
+import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +124,15 @@ DEFAULT_BATCH_SIZE = 20_000
 MAX_BATCH_SECONDS = 0.1
 #: Attempts of one batch whose transaction the broker aborts before the source gives up.
 MAX_BATCH_ATTEMPTS = 3
+#: How long ``send_offsets_to_transaction`` may block before the source counts as stuck.
+#: librdkafka ignores that call's timeout (confluentinc/librdkafka#5456) and, once the group
+#: coordinator's broker has left the cluster's metadata (killed, then fenced), may never look
+#: for the new one (#5511); a failover that works takes a session timeout (6-20 s).
+STUCK_AFTER_SECONDS = 30.0
+#: A stuck source's process exit code (EX_TEMPFAIL): the stage starts the source again.
+EXIT_STUCK = 75
+#: Times the stage starts one stuck source again before it gives up.
+MAX_SOURCE_RESTARTS = 3
 
 
 # --- validation (pure) -----------------------------------------------------------------------
@@ -334,6 +346,9 @@ class SourceSummary:
     batches: int = 0
     seconds: float = 0.0
     ended: bool = False
+    #: Times the stage started this source's process again (:class:`StuckCallWatchdog`); the
+    #: counts above are then the last process's.
+    restarts: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -382,6 +397,63 @@ def create_scheme(config: StageConfig, source: int) -> Scheme:
     )
 
 
+class StuckCallWatchdog:
+    """Ends this process with :data:`EXIT_STUCK` when a guarded call blocks past ``after``
+    seconds, saying which call on stderr; the stage then starts the source again from Kafka's
+    committed state (:func:`run_sources`), as after a kill -9.
+
+    A thread, because the stuck call holds the main thread inside librdkafka and cannot be
+    interrupted; a new process, because the stuck client cannot be closed either.
+
+    >>> ended = []
+    >>> watchdog = StuckCallWatchdog("source 0", after=0.05, end=ended.append)
+    >>> with watchdog.guard("a quick call"):
+    ...     pass
+    >>> with watchdog.guard("a stuck call"):
+    ...     time.sleep(0.3)
+    >>> ended
+    [75]
+    """
+
+    def __init__(
+        self,
+        who: str,
+        after: float = STUCK_AFTER_SECONDS,
+        end: Callable[[int], Any] = os._exit,
+    ) -> None:
+        self.who = who
+        self.after = after
+        self._end = end
+        self._guarded: tuple[str, float] | None = None
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def guard(self, call: str) -> Iterator[None]:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._watch, name="stuck-call", daemon=True)
+            self._thread.start()
+        self._guarded = (call, time.monotonic() + self.after)
+        try:
+            yield
+        finally:
+            self._guarded = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(0.5, self.after / 4))
+            guarded = self._guarded
+            if guarded is not None and time.monotonic() > guarded[1]:
+                print(
+                    f"skewer group: {self.who}: {guarded[0]} blocked for more than "
+                    f"{self.after:g} s (librdkafka lost the coordinator): its process ends "
+                    f"with exit code {EXIT_STUCK}, to start again from the committed offset",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                self._end(EXIT_STUCK)
+                return
+
+
 class GroupingSource:
     """Source ``source`` of the stage: consume, validate, route, produce, commit; see module."""
 
@@ -416,6 +488,7 @@ class GroupingSource:
         self._consumer: Any = None
         self._producer: Any = None
         self._group_metadata: Any = None
+        self._watchdog = StuckCallWatchdog(f"source {self.source}")
         # Routing-table schemes: the version of the last committed transaction (the scheme's
         # table may be newer: then the next transaction starts with TABLE_SWITCH markers).
         self.table_version = 0
@@ -780,17 +853,18 @@ class GroupingSource:
             self._send(output)
             if messages:
                 self._count(output, messages, first, last)
-            producer.send_offsets_to_transaction(
-                [
-                    TopicPartition(
-                        self.config.input_topic,
-                        self.source,
-                        last + 1,
-                        metadata=offset_metadata(watermark, version),
-                    )
-                ],
-                self._group_metadata,
-            )
+            with self._watchdog.guard("send_offsets_to_transaction"):
+                producer.send_offsets_to_transaction(
+                    [
+                        TopicPartition(
+                            self.config.input_topic,
+                            self.source,
+                            last + 1,
+                            metadata=offset_metadata(watermark, version),
+                        )
+                    ],
+                    self._group_metadata,
+                )
             self._commit()
         except KafkaException as exception:
             error = exception.args[0]
@@ -1018,18 +1092,22 @@ def run_sources(config: StageConfig, sources: Sequence[int]) -> list[SourceSumma
         return [run_source(config, sources[0], _stop_flag())]
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    children = {
-        s: context.Process(
-            target=_child, args=(config, s, results, os.getpid()), name=f"group-source-{s}"
+
+    def started(source: int) -> Any:
+        child = context.Process(
+            target=_child,
+            args=(config, source, results, os.getpid()),
+            name=f"group-source-{source}",
         )
-        for s in sources
-    }
-    for child in children.values():
         child.start()
+        return child
+
+    children = {s: started(s) for s in sources}
     stop = _stop_flag()
     forwarded_stop = False
     summaries: dict[int, SourceSummary] = {}
     silent_deaths: dict[int, int] = {}
+    restarts: dict[int, int] = {}
     failure: str | None = None
     try:
         while len(summaries) < len(children) and failure is None:
@@ -1041,7 +1119,15 @@ def run_sources(config: StageConfig, sources: Sequence[int]) -> list[SourceSumma
             try:
                 source, summary, error = results.get(timeout=0.5)
             except queue.Empty:
-                for s, child in children.items():
+                for s, child in list(children.items()):
+                    stuck = child.exitcode == EXIT_STUCK and not forwarded_stop
+                    if s not in summaries and stuck and restarts.get(s, 0) < MAX_SOURCE_RESTARTS:
+                        # Its transaction is open on the broker: the new process's producer
+                        # fences it and aborts it, and its consumer resumes at the committed
+                        # offset (the recovery of a kill -9).
+                        restarts[s] = restarts.get(s, 0) + 1
+                        children[s] = started(s)
+                        continue
                     if s not in summaries and not child.is_alive():
                         # A child puts its result before it exits; allow the queue a moment.
                         silent_deaths[s] = silent_deaths.get(s, 0) + 1
@@ -1051,7 +1137,9 @@ def run_sources(config: StageConfig, sources: Sequence[int]) -> list[SourceSumma
             if error is not None:
                 failure = f"source {source}: {error}"
             else:
-                summaries[source] = SourceSummary(**summary)
+                summaries[source] = SourceSummary(
+                    **{**summary, "restarts": restarts.get(source, 0)}
+                )
     finally:
         for child in children.values():
             if child.is_alive() and failure is not None:
