@@ -37,8 +37,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -279,13 +280,17 @@ def committed_offset(consumer: Any, partition: Any, timeout: float = 60.0) -> An
 
 
 #: What a broker answers about a partition whose leader is moving (a broker of a cluster died
-#: or came back): the new leader answers the same request shortly after.
+#: or came back): the new leader answers the same request shortly after. ``_UNKNOWN_PARTITION``
+#: is the client's own: a long-lived consumer's metadata can lack a partition whose leader was
+#: the dead broker, and does not ask again by itself: each retry asks for the topic's metadata
+#: (callers know the topic exists).
 LEADER_MOVING = (
     "NOT_LEADER_FOR_PARTITION",
     "LEADER_NOT_AVAILABLE",
     "FENCED_LEADER_EPOCH",
     "UNKNOWN_LEADER_EPOCH",
     "_TRANSPORT",
+    "_UNKNOWN_PARTITION",
 )
 
 
@@ -299,11 +304,18 @@ def watermark_offsets(
         lambda left: consumer.get_watermark_offsets(partition, timeout=left, cached=cached),
         LEADER_MOVING,
         timeout,
+        before_retry=lambda: consumer.list_topics(partition.topic, timeout=5),
     )
 
 
-def _asked_until_answered(ask: Any, passing: Sequence[str], timeout: float) -> Any:
-    """``ask(seconds left)``, again after an error named in ``passing`` until ``timeout``."""
+def _asked_until_answered(
+    ask: Any,
+    passing: Sequence[str],
+    timeout: float,
+    before_retry: Callable[[], Any] | None = None,
+) -> Any:
+    """``ask(seconds left)``, again after an error named in ``passing`` until ``timeout``
+    (``before_retry()`` first, its own errors ignored: the next ask says what is wrong)."""
     from confluent_kafka import KafkaError, KafkaException
 
     passing_codes = {getattr(KafkaError, name) for name in passing}
@@ -315,6 +327,9 @@ def _asked_until_answered(ask: Any, passing: Sequence[str], timeout: float) -> A
             if error.args[0].code() not in passing_codes or time.monotonic() >= deadline:
                 raise
             time.sleep(0.2)
+            if before_retry is not None:
+                with contextlib.suppress(KafkaException):
+                    before_retry()
 
 
 def topic_partitions(bootstrap: str, name: str, timeout: float = 10.0) -> int | None:
