@@ -138,7 +138,7 @@ class RedisSentinelService(NativeService):
             f"sentinel parallel-syncs {service} {REPLICAS}",
         ]
         for index in range(1, REPLICAS + 1):
-            replica = f"{self.settings.redis_host} {self.settings.redis_port + index}"
+            replica = f"{self.settings.redis_host} {RedisReplicaService(self.settings, index).port}"
             lines.append(f"sentinel known-replica {service} {replica}")
         for index in range(1, config.REDIS_SENTINEL_NODES + 1):
             if index != self.index:

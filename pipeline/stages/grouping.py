@@ -399,8 +399,9 @@ def create_scheme(config: StageConfig, source: int) -> Scheme:
 
 class StuckCallWatchdog:
     """Ends this process with :data:`EXIT_STUCK` when a guarded call blocks past ``after``
-    seconds, saying which call on stderr; the stage then starts the source again from Kafka's
-    committed state (:func:`run_sources`), as after a kill -9.
+    seconds, saying which call on stderr. A source in a child process is then started again
+    from Kafka's committed state (:func:`run_sources`), as after a kill -9; a stage of one
+    source, which runs it in its own process, exits with that code for its supervisor.
 
     A thread, because the stuck call holds the main thread inside librdkafka and cannot be
     interrupted; a new process, because the stuck client cannot be closed either.
