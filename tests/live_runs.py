@@ -16,7 +16,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from pipeline.io import config
@@ -40,6 +40,28 @@ def run_of(plan: RunPlan, settings: config.Settings) -> Iterator[Pipeline]:
         pipeline.stop()
         pipeline.cleanup(logs=passed)
         pipeline.close()
+
+
+@contextlib.contextmanager
+def runs_side_by_side(
+    plans: Sequence[RunPlan], settings: config.Settings
+) -> Iterator[list[Pipeline]]:
+    """The pipelines of ``plans`` with every stage started, all running at once (so that one
+    fault strikes each of them); each run is stopped and deleted at the end, pass or fail.
+
+    Every run's Spark job is ready before any record is produced, as :meth:`Pipeline.start_all`
+    does for one run: else the first run's records would be processed while the others' Spark
+    applications still start."""
+    with contextlib.ExitStack() as stack:
+        pipelines = [stack.enter_context(run_of(plan, settings)) for plan in plans]
+        for pipeline in pipelines:
+            pipeline.prepare()
+            pipeline.start("work")
+        for pipeline in pipelines:
+            pipeline.wait_work_ready()
+        for pipeline in pipelines:
+            pipeline.start_all([stage for stage in pipeline.plan.stages if stage != "work"])
+        yield pipelines
 
 
 @contextlib.contextmanager
@@ -98,19 +120,21 @@ def free_port() -> int:
 
 
 def fault_plan(scheme: str, tag: str, **fields: Any) -> RunPlan:
-    """A paced run long enough to kill something in its middle (~12 s of records): pkg on a
-    Zipf stream, or mixed on a drifting one (migrations every few seconds); ``fields`` add to
-    or override the plan's (``spark_master=...``)."""
+    """A paced run long enough to kill something in its middle (~8 s of records): pkg on a
+    Zipf stream, or mixed on a drifting one (the hot set changes every 2 s, so migrations come
+    every few seconds, the drift measured against the plan's W); ``fields`` add to or override
+    the plan's (``spark_master=...``)."""
     from pipeline.runs.plan import new_run_id
 
     drifting = scheme == "mixed"
+    workers = fields.get("workers", 8)
     plan: dict[str, Any] = {
         "scheme": scheme,
-        "records": 36_000,
-        "workers": 8,
+        "records": 24_000,
+        "workers": workers,
         "sources": 2,
         "workload": (
-            "drift:mode=fluctuate,z=1.0,keys=5000,intervals=4,workers=8,seed=3"
+            f"drift:mode=fluctuate,z=1.0,keys=5000,intervals=4,workers={workers},seed=3"
             if drifting
             else "zipf:z=1.2,keys=20000,seed=11"
         ),
@@ -140,3 +164,28 @@ def wait_for_a_migration(pipeline: Pipeline, timeout: float = RUN_TIMEOUT) -> No
         )
     finally:
         plane.client.close()
+
+
+def wait_for_the_fault_moment(pipeline: Pipeline, fraction: float = 0.25) -> None:
+    """Wait for the moment a fault test strikes: for a routing-table scheme (the run has a
+    controller), a migration in flight; for any other, ``fraction`` of the records processed.
+    Either way the run must still be going, or the fault would test nothing."""
+    plan = pipeline.plan
+    if "control" in plan.stages:
+        wait_for_a_migration(pipeline)
+    else:
+        wait_for(
+            pipeline, lambda p: p.processed >= plan.records * fraction, f"{fraction:.0%} processed"
+        )
+    assert pipeline.progress().processed < plan.records, "the run ended before the fault"
+
+
+def check_exact_without_restarts(pipeline: Pipeline, timeout: float = RUN_TIMEOUT) -> None:
+    """Wait for the run's end; then no stage may have restarted, every record produced must
+    have been processed, and every (key, window) count must equal the ground truth."""
+    pipeline.wait(timeout=timeout)
+    summary = pipeline.summary()
+    run = pipeline.plan.run_id
+    assert summary.restarts == {}, f"{run}: stages restarted: {summary.restarts}"
+    assert summary.verification.exact, f"{run}:\n" + "\n".join(summary.verification.lines())
+    assert summary.records_produced == summary.records_processed == pipeline.plan.records, run

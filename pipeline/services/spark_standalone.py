@@ -32,9 +32,10 @@ from pipeline.io.probes import spark_status
 from pipeline.services.native import NativeService, ServiceError
 
 #: What one worker offers by default: the cores of the demo's W = 8 over two workers, and
-#: memory for one executor (~520 MiB resident with its Python workers; Spark asks 1 GiB).
+#: memory for two executors (Spark asks 1 GiB for each; ~520 MiB are resident with its Python
+#: workers), so that two runs, each asking for its tasks' cores only, can share a worker.
 DEFAULT_WORKER_CORES = 4
-DEFAULT_WORKER_MEMORY = "1g"
+DEFAULT_WORKER_MEMORY = "2g"
 MASTER_NAME = "spark-master"
 WORKER_NAME = re.compile(r"^spark-worker-([1-9]\d*)$")
 

@@ -662,7 +662,11 @@ def run(
 def job_session(options: WorkOptions) -> SparkSession:
     """The job's own session on ``options.spark_master``, with a core for each task at once
     (the cost model runs a micro-batch's tasks side by side); a session that has too few is
-    stopped again before :class:`WorkerConfigError` says so."""
+    stopped again before :class:`WorkerConfigError` says so.
+
+    On a standalone master the job asks for exactly those cores (``spark.cores.max``): an
+    application without it takes every core of the cluster, although a micro-batch never
+    runs more than its tasks at once, and other jobs (another run's workers) would wait."""
     from pipeline.io.spark_session import (
         SparkClusterError,
         build_spark_session,
@@ -673,8 +677,14 @@ def job_session(options: WorkOptions) -> SparkSession:
     master = options.spark_master
     if master == config.DEFAULT_SPARK_MASTER:
         master = f"local[{slots},{TASK_ATTEMPTS}]"
+    standalone = (
+        {"spark.cores.max": str(options.task_count)} if master.startswith("spark://") else {}
+    )
     spark = build_spark_session(
-        f"skewer-work-{options.run_id}", master=master, shuffle_partitions=slots
+        f"skewer-work-{options.run_id}",
+        master=master,
+        shuffle_partitions=slots,
+        extra_conf=standalone,
     )
     try:
         require_executor_cores(spark, options.task_count)

@@ -3,7 +3,7 @@
 Two short paced runs of the live pipeline go one after the other through the orchestrator API
 (:func:`pipeline.runs.orchestrator.run_pipeline`, the code ``skewer demo`` runs): scheme ``pkg`` and
 the routing-table scheme ``mixed`` (the orchestrator adds ``skewer control`` for it) on the same
-drifting workload, paced to last ~30 s so that the recording rules' ``rate(...[1m])`` windows
+drifting workload, paced to last ~20 s so that the recording rules' ``rate(...[1m])`` windows
 get many samples. Every stage's exporter announces itself to the native Prometheus (the
 ``prometheus`` fixture) through a file_sd target file; Prometheus scrapes them every second and
 evaluates the recording rules (deploy/prometheus/rules.yml).
@@ -51,8 +51,8 @@ pytestmark = pytest.mark.integration
 #: Fang et al.'s fluctuating hot set (4 intervals, drift relative to 8 workers) on Zipf z = 1.
 WORKLOAD = "drift:mode=fluctuate,z=1.0,keys=5000,intervals=4,workers=8"
 SCHEMES = ("pkg", "mixed")
-RATE = 1000.0  # records per second: 30,000 records last 30 s
-RECORDS = 30_000
+RATE = 1000.0  # records per second: 20,000 records last 20 s
+RECORDS = 20_000
 WORKERS = 8
 SOURCES = 2
 #: Seconds one run may take, Spark's start-up included.
