@@ -2,6 +2,9 @@
 # Debian packages skewer needs: Redis, Prometheus, a Java 17 runtime and Maven (Maven assembles
 # Kafka's classpath and Spark's Kafka source from Maven Central), and Python's venv module.
 #
+# With arguments COMMAND=PACKAGE ..., it installs only those packages whose command is missing,
+# the same way (`skewer services up --docker` asks for dockerd=docker.io).
+#
 # Idempotent: when every command is already on PATH it does nothing, not even `apt-get update`.
 # The packages' own daemons are never started: a policy-rc.d that answers 101 ("action
 # forbidden") is in place during the install, and skewer runs its own processes bound to
@@ -17,18 +20,37 @@ declare -A package_of=(
   [mvn]=maven
 )
 
+commands=(redis-server prometheus java mvn)
+if [ "$#" -gt 0 ]; then
+  package_of=()
+  commands=()
+  for pair in "$@"; do
+    if [[ "$pair" != ?*=?* ]]; then
+      echo "usage: $0 [COMMAND=PACKAGE ...]" >&2
+      exit 2
+    fi
+    package_of[${pair%%=*}]=${pair#*=}
+    commands+=("${pair%%=*}")
+  done
+fi
+
+# root's PATH has the sbin folders (dockerd is in /usr/sbin); a user's may not.
+PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 missing=()
-for command_name in redis-server prometheus java mvn; do
+for command_name in "${commands[@]}"; do
   if ! command -v "$command_name" >/dev/null 2>&1; then
     missing+=("${package_of[$command_name]}")
   fi
 done
-# Debian's own python3 creates virtualenvs only with python3-venv installed.
-python=$(command -v python3.11 || command -v python3 || true)
-if [ -z "$python" ]; then
-  missing+=(python3 python3-venv)
-elif ! "$python" -c "import ensurepip, venv" >/dev/null 2>&1; then
-  missing+=(python3-venv)
+# Debian's own python3 creates virtualenvs only with python3-venv installed (not a question
+# when only some packages are asked for).
+if [ "$#" -eq 0 ]; then
+  python=$(command -v python3.11 || command -v python3 || true)
+  if [ -z "$python" ]; then
+    missing+=(python3 python3-venv)
+  elif ! "$python" -c "import ensurepip, venv" >/dev/null 2>&1; then
+    missing+=(python3-venv)
+  fi
 fi
 if [ "${#missing[@]}" -eq 0 ]; then
   exit 0

@@ -15,6 +15,12 @@ sentinels (``redis-sentinel-1..3``, ``$SKEWER_REDIS_SENTINEL``), and prints the
 ``SKEWER_REDIS_URL`` that reaches whichever is the primary; ``status`` and ``down`` cover them.
 ``up --kafka-brokers 3`` runs Kafka as a cluster of three KRaft nodes (``kafka-1..3``, the first
 on the one broker's ports), where topics get three replicas, two in sync.
+``up --docker`` also runs a Docker engine (``docker``: Debian's ``docker.io``, installed as root
+the first time, on ``$DOCKER_HOST``'s unix socket or ``/var/run/docker.sock``; left alone if
+one answers there already) and builds the Compose v2 plugin into ``.cache/docker-config``
+(``install --docker`` only installs both); it prints the ``export`` line that points a shell's
+``docker`` and ``docker compose`` at them. Only when asked: an engine switches the integration
+tests to testcontainers.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import sys
 
 from pipeline.cli.arguments import UsageError, add_command, require_at_least
 from pipeline.io import artifacts, config
-from pipeline.services import manager, native, spark_standalone
+from pipeline.services import docker_engine, manager, native, spark_standalone
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -69,6 +75,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="up: also 2 Redis replicas and 3 sentinels that fail the primary over",
     )
+    parser.add_argument(
+        "--docker",
+        action="store_true",
+        help="up, install: also a Docker engine (Debian's docker.io) and the Compose v2 plugin",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -80,11 +91,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--kafka-brokers is an option of `up`")
     if args.redis_sentinel and args.action != "up":
         raise UsageError("--redis-sentinel is an option of `up`")
+    if args.docker and args.action not in ("up", "install"):
+        raise UsageError("--docker is an option of `up` and `install`")
     require_at_least(0, ("--spark-workers", args.spark_workers))
     require_at_least(1, ("--spark-worker-cores", args.spark_worker_cores))
     try:
         if args.action == "install":
-            for service in manager.native_services(settings, args.names):
+            for service in manager.native_services(settings, args.names, docker=args.docker):
                 service.install()
             jars = artifacts.ensure_spark_jars(settings)
             print(f"kafka libs:  {settings.kafka_libs_dir}")
@@ -98,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
                 spark_worker_cores=args.spark_worker_cores,
                 kafka_brokers=args.kafka_brokers,
                 redis_sentinel_set=args.redis_sentinel,
+                docker=args.docker,
             )
         elif args.action == "down":
             states = manager.down(settings, args.names)
@@ -110,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
         print(state.line())
     if args.redis_sentinel:
         print(f"clients of the Sentinel set: export SKEWER_REDIS_URL={settings.redis_sentinel_url}")
+    if args.action == "up" and (args.docker or docker_engine.NAME in args.names):
+        print(f"docker and docker compose: {docker_engine.shell_exports(settings)}")
     if args.action == "status" and any(state.state in ("down", "starting") for state in states):
         return 1
     return 0

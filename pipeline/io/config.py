@@ -71,6 +71,11 @@ ENV_RUN_DIR = "SKEWER_RUN_DIR"
 SCHEME_VARIABLE = "GROUPING_SCHEME"
 #: "docker", "native" or "auto" (the default): which services the test fixtures use.
 ENV_TEST_BACKEND = "SKEWER_TEST_BACKEND"
+#: Where Docker's clients find the engine, read as Docker's own clients read it: the engine
+#: ``skewer services up --docker`` starts listens on this variable's socket when it is a
+#: ``unix://`` URL, and on Docker's default socket otherwise.
+ENV_DOCKER_HOST = "DOCKER_HOST"
+DEFAULT_DOCKER_SOCKET = Path("/var/run/docker.sock")
 
 DEFAULT_KAFKA_BOOTSTRAP = "127.0.0.1:19092"
 DEFAULT_KAFKA_CONTROLLER = "127.0.0.1:19093"
@@ -201,6 +206,8 @@ class Settings:
     spark_standalone: str = DEFAULT_SPARK_STANDALONE
     #: Replicas of the topics skewer creates; None: min(3, brokers).
     kafka_replication: int | None = None
+    #: ``$DOCKER_HOST`` as given (empty when unset); see :attr:`docker_socket`.
+    docker_host: str = ""
 
     @property
     def kafka_host(self) -> str:
@@ -309,6 +316,31 @@ class Settings:
     def prometheus_port(self) -> int:
         return urlsplit(self.prometheus_url).port or 9090
 
+    @property
+    def docker_socket(self) -> Path:
+        """The unix socket of the Docker engine skewer starts when asked: the path of
+        ``DOCKER_HOST`` if that is a ``unix://`` URL, else Docker's default socket.
+
+        >>> load({}).docker_socket, load({"DOCKER_HOST": "unix:///tmp/d.sock"}).docker_socket
+        (PosixPath('/var/run/docker.sock'), PosixPath('/tmp/d.sock'))
+        >>> load({"DOCKER_HOST": "tcp://10.0.0.5:2375"}).docker_socket
+        PosixPath('/var/run/docker.sock')
+        """
+        if self.docker_host.startswith("unix://") and len(self.docker_host) > len("unix://"):
+            return Path(self.docker_host[len("unix://") :])
+        return DEFAULT_DOCKER_SOCKET
+
+    @property
+    def docker_config_dir(self) -> Path:
+        """``DOCKER_CONFIG`` of skewer's own ``docker`` calls: its ``cli-plugins/`` holds the
+        Compose v2 plugin built into the cache."""
+        return self.cache_dir / "docker-config"
+
+    @property
+    def go_dir(self) -> Path:
+        """``GOPATH`` of the Go builds (the Compose plugin): modules, build cache, binaries."""
+        return self.cache_dir / "go"
+
     def environ(self) -> dict[str, str]:
         """These settings as the environment variables :func:`load` reads them from, so a child
         process (a stage of a run) sees the same services.
@@ -382,6 +414,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
         spark_master=env.get(ENV_SPARK_MASTER, DEFAULT_SPARK_MASTER).strip(),
         spark_standalone=env.get(ENV_SPARK_STANDALONE, DEFAULT_SPARK_STANDALONE),
         kafka_replication=replication_setting(env.get(ENV_KAFKA_REPLICATION, "auto")),
+        docker_host=env.get(ENV_DOCKER_HOST, "").strip(),
     )
     if settings.redis_appendfsync not in REDIS_APPENDFSYNC_POLICIES:
         raise ValueError(

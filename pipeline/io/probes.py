@@ -1,5 +1,5 @@
-"""Health probes: does the Kafka, Redis, Prometheus or Spark master at an address answer?
-(layer: io)
+"""Health probes: does the Kafka, Redis, Prometheus, Spark master or Docker engine at an address
+answer? (layer: io)
 
 The native services' health checks, the test fixtures (against native services and
 containers alike) and the stages' start-up checks all ask these. Each probe returns a bool
@@ -10,6 +10,8 @@ Example:
     False
     >>> kafka_answers("127.0.0.1:1", timeout=0.2), redis_answers("redis://127.0.0.1:1/0", 0.2)
     (False, False)
+    >>> docker_answers("/nonexistent/docker.sock", timeout=0.2)
+    False
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 import socket
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 
@@ -103,3 +106,27 @@ def spark_status(web_url: str, timeout: float = 2.0) -> dict[str, Any] | None:
     except (urllib.error.URLError, OSError, ValueError):
         return None
     return status if isinstance(status, dict) else None
+
+
+def docker_answers(socket_path: Path | str, timeout: float = 2.0) -> bool:
+    """A Docker engine on the unix socket ``socket_path`` answers ``GET /_ping`` with 200 OK.
+
+    Plain HTTP/1.0 on the socket rather than Docker's SDK: the probe runs before anything is
+    installed (``skewer services up --docker`` asks it whether an engine answers already), and
+    HTTP/1.0 makes the engine close the connection after its reply, so reading to the end is
+    reading the reply.
+    """
+    reply = b""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(timeout)
+            connection.connect(str(socket_path))
+            connection.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            while chunk := connection.recv(4096):
+                reply += chunk
+                if len(reply) > 65536:  # not an engine: /_ping's reply is a few hundred bytes
+                    return False
+    except OSError:
+        return False
+    status = reply.split(b"\r\n", 1)[0].split()
+    return len(status) >= 2 and status[1] == b"200" and reply.endswith(b"\r\n\r\nOK")

@@ -32,6 +32,8 @@ class KafkaService(NativeService):
 
     name = "kafka"
     start_timeout = 120.0
+    # Its controlled shutdown flushes logs and closes the quorum: give it time.
+    stop_timeout = 30.0
 
     @property
     def address(self) -> str:

@@ -5,7 +5,9 @@ someone else runs it, which is then reported as "external"), and a dead one (kil
 say) is started again; what a failed ``up`` started is stopped again. :func:`down` stops
 exactly the processes ``up`` started, from their pid files. Test sessions use :func:`acquire`
 and :func:`release` instead: leases let concurrent sessions in one checkout share the
-services, and the last one out stops what a session had to start. (layer: services)
+services, and the last one out stops what a session had to start. The Docker engine
+(:mod:`~pipeline.services.docker_engine`) runs only when asked (``up --docker``, or its name).
+(layer: services)
 
 Example (no process is started; the layout of what would run):
     >>> from pipeline.io import config
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from pipeline.io import config
 from pipeline.io.config import Settings
-from pipeline.services import kafka_broker, process, redis_sentinel, spark_standalone
+from pipeline.services import docker_engine, kafka_broker, process, redis_sentinel, spark_standalone
 from pipeline.services.kafka_broker import KafkaNodeService, KafkaService
 from pipeline.services.native import NativeService, ServiceError
 from pipeline.services.process import PidRecord
@@ -41,6 +43,7 @@ _SERVICE_CLASSES: dict[str, type[NativeService]] = {
     "kafka": KafkaService,
     "redis": RedisService,
     "prometheus": PrometheusService,
+    docker_engine.NAME: docker_engine.DockerEngineService,
 }
 
 
@@ -52,6 +55,7 @@ def native_services(
     spark_worker_cores: int = spark_standalone.DEFAULT_WORKER_CORES,
     kafka_brokers: int = 1,
     redis_sentinel_set: bool = False,
+    docker: bool = False,
 ) -> list[NativeService]:
     """The services called ``names``, in a fixed order (Spark's master before its workers).
 
@@ -62,6 +66,8 @@ def native_services(
     of the one broker; so does ``kafka`` while a node runs (its pid file).
     ``redis_sentinel_set`` adds Redis's 2 replicas and 3 sentinels (``up --redis-sentinel``,
     :mod:`~pipeline.services.redis_sentinel`); by default, the ones with a pid file.
+    ``docker`` adds the Docker engine (``up --docker``); by default, when one of ours was
+    started and not taken down (:func:`~pipeline.services.docker_engine.left_behind`).
     """
     wanted = list(names or SERVICE_NAMES)
     if "kafka" in wanted and (kafka_brokers > 1 or _kafka_nodes_started(settings)):
@@ -74,6 +80,8 @@ def native_services(
     elif not names:
         wanted += _spark_services_started(settings, master=True)
     wanted += _redis_sentinel_names(settings, names, redis_sentinel_set)
+    if docker or (not names and docker_engine.left_behind(settings)):
+        wanted.append(docker_engine.NAME)
     if spark_workers:
         wanted.append(spark_standalone.MASTER_NAME)
         wanted += [spark_standalone.worker_name(i) for i in range(1, spark_workers + 1)]
@@ -99,7 +107,7 @@ def native_services(
             raise ServiceError(
                 f"unknown service {name!r}; valid services: {', '.join(SERVICE_NAMES)}, "
                 f"kafka-1..{config.KAFKA_CLUSTER_NODES}, redis-replica-1..2, "
-                "redis-sentinel-1..3, spark, spark-master, spark-worker-N"
+                "redis-sentinel-1..3, spark, spark-master, spark-worker-N, docker"
             )
     return sorted(services.values(), key=_start_order)
 
@@ -113,6 +121,8 @@ def _start_order(service: NativeService) -> tuple[int, int]:
         return (SERVICE_NAMES.index(service.name), 0)
     if isinstance(service, spark_standalone.SparkWorkerService):
         return (len(SERVICE_NAMES) + 1, service.index)
+    if isinstance(service, docker_engine.DockerEngineService):
+        return (len(SERVICE_NAMES) + 2, 0)
     return (len(SERVICE_NAMES), 0)
 
 
@@ -159,7 +169,9 @@ class ServiceState:
     def line(self) -> str:
         pid = f"pid {self.pid}" if self.pid is not None else ""
         name = f"{self.name:<15}" if len(self.name) < 15 else f"{self.name} "  # redis-sentinel-1
-        return f"{name}{self.state:<9}{self.address:<27}{pid}".rstrip()
+        # A long address (unix:///var/run/docker.sock) keeps a space before the pid.
+        address = f"{self.address:<27}" if len(self.address) < 27 else f"{self.address} "
+        return f"{name}{self.state:<9}{address}{pid}".rstrip()
 
 
 def _own_process(service: NativeService) -> PidRecord | None:
@@ -213,11 +225,13 @@ def up(
     spark_worker_cores: int = spark_standalone.DEFAULT_WORKER_CORES,
     kafka_brokers: int = 1,
     redis_sentinel_set: bool = False,
+    docker: bool = False,
 ) -> list[ServiceState]:
     """Start every named service that does not answer yet, and wait until all are healthy;
     ``spark_workers`` N adds a Spark standalone master and N workers of
     ``spark_worker_cores`` cores each; ``kafka_brokers`` 3 runs Kafka as a cluster of three
-    nodes (refused while anything else answers on a node's port, such as the one broker).
+    nodes (refused while anything else answers on a node's port, such as the one broker);
+    ``docker`` adds the Docker engine.
 
     Returns one state per service: ``started`` for the ones this call started, ``running``
     or ``external`` for the ones already answering. Raises ServiceError naming the first
@@ -232,6 +246,7 @@ def up(
         spark_worker_cores=spark_worker_cores,
         kafka_brokers=kafka_brokers,
         redis_sentinel_set=redis_sentinel_set,
+        docker=docker,
     )
     for service in services:
         service.install()
@@ -273,6 +288,7 @@ def _up_locked(services: list[NativeService]) -> list[ServiceState]:
         for service, record, started_here in pending.values():
             if started_here:
                 process.terminate(record, grace_seconds=10)
+                service.after_stop()
                 service.pid_path.unlink(missing_ok=True)
         raise
     for service, record, started_here in pending.values():
@@ -325,15 +341,19 @@ def _down_locked(services: Sequence[NativeService]) -> dict[str, ServiceState]:
             _started_by_lease_marker(service).unlink(missing_ok=True)
             record = _own_process(service)
             if record is None:
+                # Ours died by itself (or was killed): what it left behind is still ours.
+                service.after_stop()
                 stopped[service.name] = ServiceState(service.name, service.address, "down")
             else:
                 running.append((service, record))
-        # Kafka's controlled shutdown flushes logs and closes the quorum: give it time. A node
-        # left without a majority of its cluster's voters would wait for them to the end.
-        kafka = any(isinstance(service, KafkaService) for service in group)
+        # Kafka's controlled shutdown flushes logs and closes the quorum: give it time
+        # (stop_timeout). A node left without a majority of its cluster's voters would wait
+        # for them to the end.
+        grace = max(service.stop_timeout for service in group)
         quorum = len(group) // 2 + 1 if group is nodes else 0
-        process.terminate_all([record for _, record in running], 30 if kafka else 10, quorum=quorum)
+        process.terminate_all([record for _, record in running], grace, quorum=quorum)
         for service, record in running:
+            service.after_stop()
             service.pid_path.unlink(missing_ok=True)
             stopped[service.name] = ServiceState(
                 service.name, service.address, "stopped", record.pid

@@ -1,7 +1,8 @@
 """What a native service is: how to install, configure, start and probe one local process.
 
 Each service (:mod:`~pipeline.services.kafka_broker`, :mod:`~pipeline.services.redis_server`,
-:mod:`~pipeline.services.prometheus_server`) subclasses :class:`NativeService`;
+:mod:`~pipeline.services.prometheus_server`, :mod:`~pipeline.services.docker_engine`, ...)
+subclasses :class:`NativeService`;
 :mod:`~pipeline.services.manager` starts and stops them. Every process listens on 127.0.0.1
 only (ports in :mod:`pipeline.io.config`), with its data and log under ``.cache/run``.
 (layer: services)
@@ -28,6 +29,8 @@ class NativeService(ABC):
     name: str
     #: Seconds to wait for the first healthy answer after starting (a cold JVM is the slowest).
     start_timeout: float = 30.0
+    #: Seconds ``down`` gives the process to exit after SIGTERM before SIGKILL.
+    stop_timeout: float = 10.0
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -68,6 +71,11 @@ class NativeService(ABC):
     @abstractmethod
     def healthy(self, timeout: float = 2.0) -> bool:
         """True when the service answers its health check."""
+
+    def after_stop(self) -> None:
+        """Remove what the stopped process of ours left behind (children that outlived it,
+        network rules). Most services leave nothing."""
+        return None
 
     def reconfigure(self, record: PidRecord) -> bool:
         """Bring a running process of ours up to date with its configuration; True if it

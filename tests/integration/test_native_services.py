@@ -168,7 +168,7 @@ def test_unknown_service_name_is_one_line(capsys: pytest.CaptureFixture[str]) ->
     assert capsys.readouterr().err == (
         "skewer services: unknown service 'zookeeper'; valid services: kafka, redis, prometheus, "
         "kafka-1..3, redis-replica-1..2, redis-sentinel-1..3, spark, spark-master, "
-        "spark-worker-N\n"
+        "spark-worker-N, docker\n"
     )
 
 
