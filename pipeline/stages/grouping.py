@@ -483,6 +483,10 @@ class GroupingSource:
         self._idle_checked = 0.0
         self._idle_floor = user_topic.NO_WATERMARK
         self._finish_pending = False
+        # The input partition's first offset when the run began, and when the source last
+        # asked for it (a bounded run that has read nothing yet: see _user_topic_markers).
+        self._first_offset = 0
+        self._log_start_checked = 0.0
         self._counted_offset = -1
         self._failed_at = -1
         self._failures = 0
@@ -537,9 +541,9 @@ class GroupingSource:
         self._next_offset = max(committed.offset, 0)
         bounded = isinstance(self.watermark, DataWatermark) and config.until_end
         if bounded and self.watermark.end_offset < 0:  # a bounded run's first start: its end
-            self.watermark.end_offset = kafka_io.watermark_offsets(
+            self._first_offset, self.watermark.end_offset = kafka_io.watermark_offsets(
                 self._consumer, TopicPartition(topic, self.source), timeout=60
-            )[1]
+            )
         if self.control is not None:
             self._install(self.table_version)
             self._reported_round = self.control.current().round
@@ -599,6 +603,8 @@ class GroupingSource:
             # librdkafka's position moves past transaction markers; before the first fetch it
             # is invalid (< 0), and then what was committed is where the source stands.
             position = max(self._consumer.position([tp])[0].offset, self._next_offset)
+            if position < watermark.end_offset and not got_records:
+                position = max(position, self._log_start(tp))
             if position >= watermark.end_offset:
                 self._finish_pending = True
                 self.process([])
@@ -619,6 +625,30 @@ class GroupingSource:
         if floor > watermark.forwarded:
             self._idle_floor = floor
             self.process([])
+
+    def _log_start(self, tp: Any) -> int:
+        """The input partition's first offset, asked at most once per IDLE_CHECK_SECONDS while
+        the source reads nothing (else -1). Records below it are gone: the topic's retention
+        (or a delete-records call) removed them, and librdkafka moves on to the first one left
+        without a word, so a bounded run that had read none of them would wait for its end
+        offset forever. Offsets removed since the run began, before the source read them, are
+        said on standard error: those records are lost to the run."""
+        now = time.monotonic()
+        if now - self._log_start_checked < IDLE_CHECK_SECONDS:
+            return -1
+        self._log_start_checked = now
+        first = kafka_io.watermark_offsets(self._consumer, tp, timeout=30)[0]
+        unread = max(self._next_offset, self._first_offset)
+        if first > unread:
+            print(
+                f"skewer group: source {self.source}: offsets {unread}..{first - 1} of "
+                f"{tp.topic} were deleted (the topic's retention, or delete-records) before "
+                f"they were read: those records are lost to this run, which goes on at {first}",
+                file=sys.stderr,
+                flush=True,
+            )
+            self._first_offset = first
+        return first
 
     def _source_watermarks_key(self) -> str:
         return self.names.redis_key("sources", "watermark")

@@ -52,9 +52,10 @@ WORKERS = 4
 PARTITIONS = 2
 WINDOW_MS = 10_000
 BOUND_MS = 5_000
-#: A day ago, on a window boundary: brokers refuse Kafka timestamps more than an hour ahead
-#: (``log.message.timestamp.after.max.ms``), so the stream lies in the past.
-START_MS = (int(time.time() * 1000) - 86_400_000) // 60_000 * 60_000
+#: An hour ago, on a window boundary: brokers refuse Kafka timestamps more than an hour ahead
+#: (``log.message.timestamp.after.max.ms``), so the stream lies in the past, but well within
+#: the broker's retention (24 h): a stream a day old was deleted by it while a run read it.
+START_MS = (int(time.time() * 1000) - 3_600_000) // 60_000 * 60_000
 RECORDS = 12_000
 
 
@@ -434,3 +435,63 @@ def test_an_idle_partition_stops_holding_windows_open(
     assert {int(t) for t in decoded["event_time_ms"][marks]} == {expected}
     assert {r.partition for r, m in zip(work, marks.tolist(), strict=True) if m} == {0, 1}
     assert [json.loads(r.value or b"{}")["partition"] for r in late] == [1]
+
+
+# --- records deleted before they were read -----------------------------------------------------
+
+
+def test_a_bounded_run_over_a_topic_emptied_by_deletion_ends(
+    settings: config.Settings, create_topic: Any, topic_name: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The topic held 100 records, all deleted (delete-records here; in CI the broker's
+    retention removed a stream timestamped a day back) before a bounded run began: its one
+    source finds nothing to read, and must see that it stands at its end offset (the first
+    offset left), forward END_OF_STREAM and end, not wait for records that no longer exist.
+    Nothing is reported lost: the records were gone before the run began."""
+    from confluent_kafka import Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from pipeline.io import extractors
+    from pipeline.stages import grouping
+    from pipeline.stages.user_topic import UserTopic
+
+    topic = create_topic(topic_name, 1)
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
+    for i in range(100):
+        producer.produce(topic, b"v", f"k{i % 7}".encode(), partition=0)
+    assert producer.flush(30) == 0
+    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    [deleted] = admin.delete_records([TopicPartition(topic, 0, 100)]).values()
+    assert deleted.result(30).low_watermark == 100  # the partition's first offset now
+    tag = new_run_id()[5:]
+    names = kafka_io.RunNames(f"gone-{tag}", f"gone-{tag}-")
+    stage = grouping.StageConfig(
+        bootstrap=settings.kafka_bootstrap,
+        redis_url=settings.redis_url,
+        names=names,
+        scheme="pkg",
+        n_workers=2,
+        n_sources=1,
+        until_end=True,
+        input=UserTopic(
+            topic=topic,
+            extractor=extractors.Extractor(
+                key=extractors.parse_key("kafka-key"),
+                time=extractors.parse_time("kafka-timestamp"),
+            ),
+            max_out_of_order_ms=1_000,
+        ),
+    )
+    grouping.prepare(stage)
+    deadline = time.monotonic() + 60
+    try:
+        summary = grouping.run_source(stage, 0, lambda: time.monotonic() > deadline)
+    finally:
+        kafka_io.delete_topics(
+            settings.kafka_bootstrap,
+            [names.work_topic, names.dead_letters_topic, names.late_topic, names.results_topic],
+        )
+    assert summary.ended, "the source did not reach its end offset"
+    assert time.monotonic() < deadline
+    assert summary.records == 0
+    assert "deleted" not in capfd.readouterr().err
