@@ -356,6 +356,56 @@ def test_a_sum_without_a_topic_of_ones_own_fails_with_one_line() -> None:
     )
 
 
+# --- the grouping stage alone, on a topic keyed and timed by Kafka ------------------------------
+
+
+def kafka_keyed_stage(
+    settings: config.Settings,
+    topic: str,
+    tag: str,
+    sources: int,
+    *,
+    idle_timeout_ms: int = 0,
+    until_end: bool = False,
+) -> Any:
+    """A pkg grouping stage of W = 2 over ``topic``, keyed by the Kafka key and timed by the
+    Kafka timestamp, records out of order by up to 1 s; its run's topics are created."""
+    from pipeline.io import extractors
+    from pipeline.stages import grouping
+    from pipeline.stages.user_topic import UserTopic
+
+    run = f"{tag}-{new_run_id()[5:]}"
+    stage = grouping.StageConfig(
+        bootstrap=settings.kafka_bootstrap,
+        redis_url=settings.redis_url,
+        names=kafka_io.RunNames(run, f"{run}-"),
+        scheme="pkg",
+        n_workers=2,
+        n_sources=sources,
+        until_end=until_end,
+        input=UserTopic(
+            topic=topic,
+            extractor=extractors.Extractor(
+                key=extractors.parse_key("kafka-key"),
+                time=extractors.parse_time("kafka-timestamp"),
+            ),
+            max_out_of_order_ms=1_000,
+            idle_timeout_ms=idle_timeout_ms,
+        ),
+    )
+    grouping.prepare(stage)
+    return stage
+
+
+def delete_run_topics(stage: Any) -> None:
+    """Delete the topics ``kafka_keyed_stage`` created."""
+    names = stage.names
+    kafka_io.delete_topics(
+        stage.bootstrap,
+        [names.work_topic, names.dead_letters_topic, names.late_topic, names.results_topic],
+    )
+
+
 # --- an idle partition -------------------------------------------------------------------------
 
 
@@ -368,32 +418,12 @@ def test_an_idle_partition_stops_holding_windows_open(
     late (the late topic), not lost."""
     from confluent_kafka import Producer
 
-    from pipeline.io import extractors
     from pipeline.io.records import Kind, decode_work
     from pipeline.stages import grouping
-    from pipeline.stages.user_topic import UserTopic
 
     topic = create_topic(topic_name, PARTITIONS)
-    tag = new_run_id()[5:]
-    names = kafka_io.RunNames(f"idle-{tag}", f"idle-{tag}-")
-    spec = UserTopic(
-        topic=topic,
-        extractor=extractors.Extractor(
-            key=extractors.parse_key("kafka-key"), time=extractors.parse_time("kafka-timestamp")
-        ),
-        max_out_of_order_ms=1_000,
-        idle_timeout_ms=1_000,
-    )
-    stage = grouping.StageConfig(
-        bootstrap=settings.kafka_bootstrap,
-        redis_url=settings.redis_url,
-        names=names,
-        scheme="pkg",
-        n_workers=2,
-        n_sources=PARTITIONS,
-        input=spec,
-    )
-    grouping.prepare(stage)
+    stage = kafka_keyed_stage(settings, topic, "idle", PARTITIONS, idle_timeout_ms=1_000)
+    names = stage.names
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
     for i in range(300):  # 30 s of event time
         producer.produce(
@@ -426,10 +456,7 @@ def test_an_idle_partition_stops_holding_windows_open(
             thread.join(30)
         work = kafka_io.read_topic(settings.kafka_bootstrap, names.work_topic)
         late = kafka_io.read_topic(settings.kafka_bootstrap, names.late_topic)
-        kafka_io.delete_topics(
-            settings.kafka_bootstrap,
-            [names.work_topic, names.dead_letters_topic, names.late_topic, names.results_topic],
-        )
+        delete_run_topics(stage)
     decoded, ok = decode_work([r.value for r in work])
     marks = ok & (decoded["kind"] == Kind.WATERMARK) & (decoded["source"] == 1)
     assert {int(t) for t in decoded["event_time_ms"][marks]} == {expected}
@@ -451,9 +478,7 @@ def test_a_bounded_run_over_a_topic_emptied_by_deletion_ends(
     from confluent_kafka import Producer, TopicPartition
     from confluent_kafka.admin import AdminClient
 
-    from pipeline.io import extractors
     from pipeline.stages import grouping
-    from pipeline.stages.user_topic import UserTopic
 
     topic = create_topic(topic_name, 1)
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
@@ -463,34 +488,12 @@ def test_a_bounded_run_over_a_topic_emptied_by_deletion_ends(
     admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
     [deleted] = admin.delete_records([TopicPartition(topic, 0, 100)]).values()
     assert deleted.result(30).low_watermark == 100  # the partition's first offset now
-    tag = new_run_id()[5:]
-    names = kafka_io.RunNames(f"gone-{tag}", f"gone-{tag}-")
-    stage = grouping.StageConfig(
-        bootstrap=settings.kafka_bootstrap,
-        redis_url=settings.redis_url,
-        names=names,
-        scheme="pkg",
-        n_workers=2,
-        n_sources=1,
-        until_end=True,
-        input=UserTopic(
-            topic=topic,
-            extractor=extractors.Extractor(
-                key=extractors.parse_key("kafka-key"),
-                time=extractors.parse_time("kafka-timestamp"),
-            ),
-            max_out_of_order_ms=1_000,
-        ),
-    )
-    grouping.prepare(stage)
+    stage = kafka_keyed_stage(settings, topic, "gone", 1, until_end=True)
     deadline = time.monotonic() + 60
     try:
         summary = grouping.run_source(stage, 0, lambda: time.monotonic() > deadline)
     finally:
-        kafka_io.delete_topics(
-            settings.kafka_bootstrap,
-            [names.work_topic, names.dead_letters_topic, names.late_topic, names.results_topic],
-        )
+        delete_run_topics(stage)
     assert summary.ended, "the source did not reach its end offset"
     assert time.monotonic() < deadline
     assert summary.records == 0
