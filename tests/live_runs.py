@@ -16,7 +16,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pipeline.io import config
@@ -40,28 +40,6 @@ def run_of(plan: RunPlan, settings: config.Settings) -> Iterator[Pipeline]:
         pipeline.stop()
         pipeline.cleanup(logs=passed)
         pipeline.close()
-
-
-@contextlib.contextmanager
-def runs_side_by_side(
-    plans: Sequence[RunPlan], settings: config.Settings
-) -> Iterator[list[Pipeline]]:
-    """The pipelines of ``plans`` with every stage started, all running at once (so that one
-    fault strikes each of them); each run is stopped and deleted at the end, pass or fail.
-
-    Every run's Spark job is ready before any record is produced, as :meth:`Pipeline.start_all`
-    does for one run: else the first run's records would be processed while the others' Spark
-    applications still start."""
-    with contextlib.ExitStack() as stack:
-        pipelines = [stack.enter_context(run_of(plan, settings)) for plan in plans]
-        for pipeline in pipelines:
-            pipeline.prepare()
-            pipeline.start("work")
-        for pipeline in pipelines:
-            pipeline.wait_work_ready()
-        for pipeline in pipelines:
-            pipeline.start_all([stage for stage in pipeline.plan.stages if stage != "work"])
-        yield pipelines
 
 
 @contextlib.contextmanager

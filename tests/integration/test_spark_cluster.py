@@ -8,10 +8,8 @@ cluster with fewer executor cores than the tasks of a micro-batch, and a master 
 answer, are refused at start with one line and exit 2, and the refused session is gone from
 the master (nothing left half-started).
 
-Two fault tests kill a part of the cluster with SIGKILL mid-run (issue 13, point 5), each while
-a pkg run and a mixed run with a migration in flight share the cluster, so that one kill strikes
-both schemes; each is described in its docstring. Each run asks the standalone master for the
-cores of its tasks only (``spark.cores.max``), which is what lets two runs share it.
+Two fault tests kill a part of the cluster with SIGKILL mid-run (issue 13, point 5), each under
+pkg and under mixed with a migration in flight; each is described in its docstring.
 """
 
 from __future__ import annotations
@@ -22,17 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from live_runs import (
-    check_exact_without_restarts,
-    fault_plan,
-    runs_side_by_side,
-    wait_for_the_fault_moment,
-)
+from live_runs import check_exact_without_restarts, fault_plan, run_of, wait_for_the_fault_moment
 
 from pipeline.cli import app
 from pipeline.io import config, probes
-from pipeline.runs.orchestrator import Pipeline
-from pipeline.runs.plan import RunPlan
 from pipeline.services import manager, process
 from pipeline.services.spark_standalone import SparkMasterService, SparkWorkerService
 
@@ -97,72 +88,49 @@ def executor_pids() -> list[int]:
     return pids
 
 
-def application_of(executor_pid: int) -> str:
-    """The application id an executor JVM serves (its ``--app-id`` argument)."""
-    arguments = Path(f"/proc/{executor_pid}/cmdline").read_bytes().split(b"\0")
-    return arguments[arguments.index(b"--app-id") + 1].decode()
-
-
-def side_by_side_plans(master_url: str, tag: str) -> list[RunPlan]:
-    """A pkg run and a mixed run on a drifting stream, W = 8 in 4 Spark tasks each: two
-    applications that share the cluster's 8 cores (each asks for its 4, ``spark.cores.max``),
-    so that one kill strikes both schemes. 10 s of records, so each is still going at the
-    other's moment. (At W = 4 the drifting stream stayed within mixed's balance bound in one
-    run of three, and no migration came.)"""
-    return [
-        fault_plan(scheme, f"{tag}-{scheme}", tasks=4, records=30_000, spark_master=master_url)
-        for scheme in ("pkg", "mixed")
-    ]
-
-
-def wait_until_both_are_mid_run(pkg: Pipeline, mixed: Pipeline) -> None:
-    """A quarter of pkg's records processed, then a migration of mixed in flight, and pkg
-    still going."""
-    wait_for_the_fault_moment(pkg)
-    wait_for_the_fault_moment(mixed)
-    assert pkg.progress().processed < pkg.plan.records, "the pkg run ended before the fault"
-
-
+@pytest.mark.parametrize("scheme", ["pkg", "mixed"])
 def test_kill_9_of_a_spark_worker_mid_run_keeps_counts_exact(
-    master_url: str, settings: config.Settings
+    master_url: str, settings: config.Settings, scheme: str
 ) -> None:
-    """What is killed: standalone worker 1's JVM (SIGKILL), and with it the executor of each
-    application on it (an executor watches its worker). When: while a pkg run has processed
-    more than a quarter of its records and a mixed run on a drifting stream has a migration in
-    flight (the controller published a table and keys' state moves between workers), both on
-    the cluster at once. Recovery expected: each application re-runs its lost tasks on its
-    executor on worker 2 (the apply is idempotent per worker and batch, so a task that had
-    applied is skipped); worker 1 is started again and new executors join; the migration
-    completes. No stage restarts, and every (key, window) count of both runs equals the
-    ground truth."""
+    """What is killed: standalone worker 1's JVM (SIGKILL); its executor exits with it (it
+    watches its worker). When: for pkg, once a quarter of the records are processed, with
+    micro-batches in flight; for mixed on a drifting stream, while a migration is in flight
+    (the controller published a table and keys' state moves between workers). Recovery
+    expected: Spark re-runs the lost tasks on worker 2's executor (the apply is idempotent per
+    worker and batch, so a task that had applied is skipped); worker 1 is started again and
+    its new executor joins; the migration completes. No stage restarts, and every
+    (key, window) count equals the ground truth."""
     worker = SparkWorkerService(settings, 1)
     record = process.read_pid_file(worker.pid_path)
     if record is None:
         pytest.skip("the Spark workers are not this checkout's (started by someone else)")
-    with runs_side_by_side(side_by_side_plans(master_url, "spark-worker"), settings) as runs:
-        wait_until_both_are_mid_run(*runs)
+    plan = fault_plan(scheme, f"spark-worker-{scheme}", spark_master=master_url)
+    with run_of(plan, settings) as pipeline:
+        pipeline.prepare()
+        pipeline.start_all()
+        wait_for_the_fault_moment(pipeline)
         os.kill(record.pid, signal.SIGKILL)
         # A lease, not `up`: `up` adopts what it starts, and the worker would outlive the tests.
         states = manager.acquire(settings, [worker.name])
         assert [s.state for s in states] == ["started"]
-        for pipeline in runs:
-            check_exact_without_restarts(pipeline)
+        check_exact_without_restarts(pipeline)
 
 
+@pytest.mark.parametrize("scheme", ["pkg", "mixed"])
 def test_kill_9_of_an_executor_mid_run_keeps_counts_exact(
-    master_url: str, settings: config.Settings
+    master_url: str, settings: config.Settings, scheme: str
 ) -> None:
-    """What is killed: one executor JVM of each of two applications (SIGKILL), their workers
-    left running. When: while a pkg run has processed more than a quarter of its records and a
-    mixed run on a drifting stream has a migration in flight, both on the cluster at once.
-    Recovery expected: the standalone workers launch a new executor for each application,
-    Spark re-runs the lost tasks, the migration completes, and every (key, window) count of
-    both runs equals the ground truth with no stage restarted."""
-    with runs_side_by_side(side_by_side_plans(master_url, "spark-executor"), settings) as runs:
-        wait_until_both_are_mid_run(*runs)
-        by_application = {application_of(pid): pid for pid in executor_pids()}
-        assert len(by_application) == 2, f"executors of two applications: {by_application}"
-        for pid in by_application.values():
-            os.kill(pid, signal.SIGKILL)
-        for pipeline in runs:
-            check_exact_without_restarts(pipeline)
+    """What is killed: one executor JVM (SIGKILL), its worker left running. When: for pkg,
+    once a quarter of the records are processed; for mixed on a drifting stream, while a
+    migration is in flight. Recovery expected: the standalone worker launches a new executor
+    for the application, Spark re-runs the lost tasks, the migration completes, and every
+    (key, window) count equals the ground truth with no stage restarted."""
+    plan = fault_plan(scheme, f"spark-executor-{scheme}", spark_master=master_url)
+    with run_of(plan, settings) as pipeline:
+        pipeline.prepare()
+        pipeline.start_all()
+        wait_for_the_fault_moment(pipeline)
+        victims = executor_pids()
+        assert victims, "no executor JVM found"
+        os.kill(victims[0], signal.SIGKILL)
+        check_exact_without_restarts(pipeline)
