@@ -22,6 +22,7 @@ from typing import Any
 from pipeline.io import config
 from pipeline.runs.orchestrator import Pipeline
 from pipeline.runs.plan import RunPlan
+from pipeline.runs.summary import RunSummary
 
 #: Seconds the stages of one run may take (several share two cores).
 RUN_TIMEOUT = 300.0
@@ -159,11 +160,15 @@ def wait_for_the_fault_moment(pipeline: Pipeline, fraction: float = 0.25) -> Non
 
 
 def check_exact_without_restarts(pipeline: Pipeline, timeout: float = RUN_TIMEOUT) -> None:
-    """Wait for the run's end; then no stage may have restarted, every record produced must
-    have been processed, and every (key, window) count must equal the ground truth."""
+    """Wait for the run's end, then :func:`assert_exact_without_restarts` on its summary."""
     pipeline.wait(timeout=timeout)
-    summary = pipeline.summary()
-    run = pipeline.plan.run_id
+    assert_exact_without_restarts(pipeline.summary(), pipeline.plan)
+
+
+def assert_exact_without_restarts(summary: RunSummary, plan: RunPlan) -> None:
+    """No stage restarted, every record produced was processed, and every (key, window)
+    count equals the ground truth."""
+    run = plan.run_id
     assert summary.restarts == {}, f"{run}: stages restarted: {summary.restarts}"
     assert summary.verification.exact, f"{run}:\n" + "\n".join(summary.verification.lines())
-    assert summary.records_produced == summary.records_processed == pipeline.plan.records, run
+    assert summary.records_produced == summary.records_processed == plan.records, run
