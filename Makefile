@@ -13,7 +13,11 @@ BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.skewer-installed
 DEMO_ARGS ?= --scheme pkg --records 100000 --verify
 # A hung test must not eat CI's whole budget; the slowest tests are listed, to keep it short.
-PYTEST_ARGS ?= --timeout=900 --durations=30
+# Two pytest workers, a test file each at a time (module fixtures run once): most live tests
+# wait on JVM starts, paced producers and closing windows, so two share two cores well. Test
+# sessions side by side are safe by design: leases on the shared services, a Redis database
+# per session, private services on random ports; `PYTEST_ARGS=...` runs one worker.
+PYTEST_ARGS ?= --timeout=900 --durations=30 --numprocesses 2 --dist loadfile
 
 .PHONY: help install system-packages python-env jars demo test up down status lint
 

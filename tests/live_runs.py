@@ -13,10 +13,12 @@ so partition w is still worker w.
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from pipeline.io import config
@@ -91,11 +93,31 @@ def wait_for(pipeline: Pipeline, condition: Any, what: str, timeout: float = 120
         time.sleep(0.05)
 
 
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive TCP ports free on 127.0.0.1 now (for services of a
+    test's own). Drawn at random between skewer's default ports (all below 20000) and the
+    kernel's ephemeral range: a port the kernel handed out (``bind(0)``) can go to another
+    process's outgoing connection, or to a test session running beside this one, before the
+    service binds it (one did, and a Kafka node's raft client spoke to another test's node)."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(200):
+        first = random.randrange(20_000, ephemeral_low - count)
+        probes = [socket.socket() for _ in range(count)]
+        try:
+            for offset, probe in enumerate(probes):
+                probe.bind(("127.0.0.1", first + offset))
+            return first
+        except OSError:
+            continue
+        finally:
+            for probe in probes:
+                probe.close()
+    raise AssertionError(f"no {count} free ports in a row")
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for a service of a test's own)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """One TCP port free on 127.0.0.1 now (:func:`free_ports`)."""
+    return free_ports(1)
 
 
 def fault_plan(scheme: str, tag: str, **fields: Any) -> RunPlan:

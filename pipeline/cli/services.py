@@ -6,7 +6,8 @@ Layer: cli.
 changes nothing); ``down`` stops exactly the processes ``up`` started; ``status`` prints one
 line per service and exits 1 if any is down; ``install`` only fetches Kafka's jars and Spark's
 Kafka source (Maven, once) and checks the Debian binaries. Exit code 1 with one line
-``skewer services: <name> failed to start; see <log>`` when a service does not come up.
+``skewer services: <name> failed to start (<why>); see <log>; its log ends: <its last line>``
+when a service does not come up.
 ``up --spark-workers N`` also starts a Spark standalone master (``spark://127.0.0.1:17077``,
 ``$SKEWER_SPARK_STANDALONE``) and N workers of ``--spark-worker-cores C`` cores each (4), for
 ``--spark-master`` of ``skewer work`` and ``skewer demo``; ``status`` and ``down`` cover them.

@@ -123,7 +123,7 @@ class KafkaService(NativeService):
         with open(self.log_path, "a") as log:
             log.write(formatted.stdout + formatted.stderr)
         if formatted.returncode != 0:
-            raise ServiceError(f"kafka failed to start; see {self.log_path}")
+            raise self.start_failure("formatting its storage failed")
 
     @staticmethod
     def _jvm_logging_options() -> list[str]:

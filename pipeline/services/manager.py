@@ -211,8 +211,8 @@ def _spawn(service: NativeService) -> PidRecord:
         cwd=service.data_dir,
         env=service.environment(),
     )
-    if record is None:  # it exited at once; its log says why
-        raise ServiceError(f"{service.name} failed to start; see {service.log_path}")
+    if record is None:
+        raise service.start_failure("it exited at once")
     process.write_pid_file(service.pid_path, record)
     return record
 
@@ -282,7 +282,8 @@ def _up_locked(services: list[NativeService]) -> list[ServiceState]:
                 pending[service.name] = (service, _spawn(service), True)
         failure = _wait_healthy(pending)
         if failure is not None:
-            raise ServiceError(f"{failure.name} failed to start; see {failure.log_path}")
+            failed, why = failure
+            raise failed.start_failure(why)
     except BaseException:
         # All or nothing: what this call started does not outlive its failure.
         for service, record, started_here in pending.values():
@@ -299,19 +300,19 @@ def _up_locked(services: list[NativeService]) -> list[ServiceState]:
 
 def _wait_healthy(
     pending: dict[str, tuple[NativeService, PidRecord, bool]],
-) -> NativeService | None:
-    """Poll until every pending service answers; the first that died or timed out, else None."""
+) -> tuple[NativeService, str] | None:
+    """Poll until every pending service answers; the first that died or timed out (and which
+    of the two), else None."""
     started_at = time.monotonic()
     waiting = dict(pending)
     while waiting:
         for name, (service, record, _) in list(waiting.items()):
             if service.healthy(timeout=1.0):
                 del waiting[name]
-            elif (
-                not process.is_alive(record)
-                or time.monotonic() - started_at > service.start_timeout
-            ):
-                return service
+            elif not process.is_alive(record):
+                return service, "it exited"
+            elif time.monotonic() - started_at > service.start_timeout:
+                return service, f"no healthy answer in {service.start_timeout:.0f} s"
         if waiting:
             time.sleep(0.25)
     return None

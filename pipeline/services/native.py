@@ -10,6 +10,7 @@ only (ports in :mod:`pipeline.io.config`), with its data and log under ``.cache/
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -71,6 +72,16 @@ class NativeService(ABC):
     @abstractmethod
     def healthy(self, timeout: float = 2.0) -> bool:
         """True when the service answers its health check."""
+
+    def start_failure(self, why: str) -> ServiceError:
+        """The one line that says this service did not come up: why, its log, and the log's
+        last line (where a JVM or redis-server says what stopped it)."""
+        last_line = ""
+        with contextlib.suppress(OSError):
+            lines = self.log_path.read_text(errors="replace").strip().splitlines()
+            last_line = lines[-1].strip()[:300] if lines else ""
+        said = f"; its log ends: {last_line}" if last_line else ""
+        return ServiceError(f"{self.name} failed to start ({why}); see {self.log_path}{said}")
 
     def after_stop(self) -> None:
         """Remove what the stopped process of ours left behind (children that outlived it,

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -172,11 +171,11 @@ def test_an_existing_run_is_refused_and_left_alone(
 def test_a_service_that_does_not_answer_is_started_for_the_run_and_stopped_after(
     kafka: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from live_runs import free_port
+
     from pipeline.runs.orchestrator import ensure_services
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     # A private Redis (own port and run directory) beside the session's services.
     monkeypatch.setenv(config.ENV_RUN_DIR, str(tmp_path / "run"))
     monkeypatch.setenv(config.ENV_KAFKA_BOOTSTRAP, kafka)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ import pytest
 from live_runs import (
     assert_exact_without_restarts,
     fault_plan,
-    free_port,
+    free_ports,
     shared_spark_run,
     wait_for_the_fault_moment,
 )
@@ -44,25 +43,6 @@ from pipeline.services.kafka_broker import KafkaNodeService, node_name
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NODES = [node_name(node) for node in range(1, config.KAFKA_CLUSTER_NODES + 1)]
-
-
-def free_ports(count: int) -> int:
-    """The first of ``count`` consecutive ports free on 127.0.0.1 now."""
-    for _ in range(100):
-        base = free_port()
-        if base + count > 65535:
-            continue
-        probes = [socket.socket() for _ in range(count)]
-        try:
-            for offset, probe in enumerate(probes):
-                probe.bind(("127.0.0.1", base + offset))
-            return base
-        except OSError:
-            continue
-        finally:
-            for probe in probes:
-                probe.close()
-    raise AssertionError(f"no {count} consecutive free ports")
 
 
 def cluster_environ(settings: config.Settings, run_dir: Path) -> dict[str, str]:

@@ -340,11 +340,10 @@ def test_services_up_reloads_a_running_prometheus_with_a_stale_configuration(
     """A Prometheus of ours started by an older checkout (here: made to load an older config)
     gets this checkout's configuration and rules on the next ``skewer services up``."""
     import signal
-    import socket
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    from live_runs import free_port
+
+    port = free_port()
     settings = config.load(
         {
             "SKEWER_RUN_DIR": str(tmp_path / "run"),

@@ -158,7 +158,12 @@ def test_a_service_that_cannot_start_is_one_line_naming_it_and_its_log(
         captured = capsys.readouterr()
     assert code == 1
     log_path = settings.run_dir / "redis.log"
-    assert captured.err == f"skewer services: redis failed to start; see {log_path}\n"
+    assert captured.err.startswith("skewer services: redis failed to start (it exited"), (
+        captured.err
+    )
+    assert f"; see {log_path}; its log ends: " in captured.err
+    assert captured.err.count("\n") == 1
+    assert "Failed listening on port" in captured.err
     assert "Address already in use" in log_path.read_text()
     assert not (settings.run_dir / "redis.pid").exists()
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ import pytest
 from live_runs import (
     check_exact_without_restarts,
     fault_plan,
-    free_port,
+    free_ports,
     run_of,
     wait_for_the_fault_moment,
 )
@@ -41,22 +40,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SET = ("redis", *redis_sentinel.NAMES)
 
 
-def free_ports_in_a_row(count: int) -> int:
-    """The first of ``count`` consecutive ports free on 127.0.0.1 now."""
-    for _ in range(100):
-        first = free_port()
-        if first + count > 65_535:
-            continue
-        try:
-            for port in range(first + 1, first + count):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return first
-    raise AssertionError(f"no {count} free ports in a row")
-
-
 @pytest.fixture
 def sentinel_set(
     settings: config.Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -67,8 +50,8 @@ def sentinel_set(
         {
             config.ENV_KAFKA_BOOTSTRAP: settings.kafka_bootstrap,
             config.ENV_RUN_DIR: str(tmp_path / "run"),
-            config.ENV_REDIS_URL: f"redis://127.0.0.1:{free_ports_in_a_row(3)}/0",
-            config.ENV_REDIS_SENTINEL: f"127.0.0.1:{free_ports_in_a_row(3)}",
+            config.ENV_REDIS_URL: f"redis://127.0.0.1:{free_ports(3)}/0",
+            config.ENV_REDIS_SENTINEL: f"127.0.0.1:{free_ports(3)}",
         }
     )
     try:

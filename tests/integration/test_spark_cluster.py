@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,6 +41,16 @@ def master_url(settings: config.Settings) -> Iterator[str]:
         yield settings.spark_standalone_url
     finally:
         manager.release(settings, CLUSTER)
+
+
+@pytest.fixture
+def whole_cluster(master_url: str, settings: config.Settings) -> str:
+    """The cluster with both workers registered, whatever the test before left: a worker a
+    fault test failed to restart is started again here, so one failure does not leave every
+    later test short of cores. The module's lease covers what this starts (same holder)."""
+    states = manager.acquire(settings, CLUSTER)
+    assert [s.state for s in states if s.state not in ("started", "running", "external")] == []
+    return master_url
 
 
 def active_applications(settings: config.Settings) -> list[object]:
@@ -90,7 +101,7 @@ def executor_pids() -> list[int]:
 
 @pytest.mark.parametrize("scheme", ["pkg", "mixed"])
 def test_kill_9_of_a_spark_worker_mid_run_keeps_counts_exact(
-    master_url: str, settings: config.Settings, scheme: str
+    whole_cluster: str, settings: config.Settings, scheme: str
 ) -> None:
     """What is killed: standalone worker 1's JVM (SIGKILL); its executor exits with it (it
     watches its worker). When: for pkg, once a quarter of the records are processed, with
@@ -104,12 +115,17 @@ def test_kill_9_of_a_spark_worker_mid_run_keeps_counts_exact(
     record = process.read_pid_file(worker.pid_path)
     if record is None:
         pytest.skip("the Spark workers are not this checkout's (started by someone else)")
-    plan = fault_plan(scheme, f"spark-worker-{scheme}", spark_master=master_url)
+    plan = fault_plan(scheme, f"spark-worker-{scheme}", spark_master=whole_cluster)
     with run_of(plan, settings) as pipeline:
         pipeline.prepare()
         pipeline.start_all()
         wait_for_the_fault_moment(pipeline)
         os.kill(record.pid, signal.SIGKILL)
+        # Reaped before the restart, so its web UI port is free for the new worker.
+        deadline = time.monotonic() + 10
+        while process.is_alive(record):
+            assert time.monotonic() < deadline, "the killed worker is still there"
+            time.sleep(0.05)
         # A lease, not `up`: `up` adopts what it starts, and the worker would outlive the tests.
         states = manager.acquire(settings, [worker.name])
         assert [s.state for s in states] == ["started"]
@@ -118,14 +134,14 @@ def test_kill_9_of_a_spark_worker_mid_run_keeps_counts_exact(
 
 @pytest.mark.parametrize("scheme", ["pkg", "mixed"])
 def test_kill_9_of_an_executor_mid_run_keeps_counts_exact(
-    master_url: str, settings: config.Settings, scheme: str
+    whole_cluster: str, settings: config.Settings, scheme: str
 ) -> None:
     """What is killed: one executor JVM (SIGKILL), its worker left running. When: for pkg,
     once a quarter of the records are processed; for mixed on a drifting stream, while a
     migration is in flight. Recovery expected: the standalone worker launches a new executor
     for the application, Spark re-runs the lost tasks, the migration completes, and every
     (key, window) count equals the ground truth with no stage restarted."""
-    plan = fault_plan(scheme, f"spark-executor-{scheme}", spark_master=master_url)
+    plan = fault_plan(scheme, f"spark-executor-{scheme}", spark_master=whole_cluster)
     with run_of(plan, settings) as pipeline:
         pipeline.prepare()
         pipeline.start_all()
