@@ -1104,7 +1104,21 @@ class Stage:
         return [i.arguments for i in self.instructions if i.keyword == keyword]
 
 
+def _global_arguments() -> dict[str, str]:
+    """The Dockerfile's ``ARG NAME=default`` lines before its first FROM: the images its
+    stages start from (a FROM names them as ``${NAME}``)."""
+    arguments = {}
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.startswith("FROM "):
+            break
+        if line.startswith("ARG "):
+            name, _, default = line.removeprefix("ARG ").strip().partition("=")
+            arguments[name] = default
+    return arguments
+
+
 def _dockerfile_stages() -> list[Stage]:
+    """The stages, their base images with the build arguments' defaults (the official images)."""
     logical: list[str] = []
     pending = ""
     for line in DOCKERFILE.read_text().splitlines():
@@ -1120,8 +1134,13 @@ def _dockerfile_stages() -> list[Stage]:
     for text in logical:
         keyword, _, arguments = text.strip().partition(" ")
         keyword = keyword.upper()
+        if keyword == "ARG" and not stages:
+            continue  # the base images' arguments (_global_arguments)
         if keyword == "FROM":
-            words = arguments.split()
+            words = _VARIABLE.sub(
+                lambda match: _global_arguments()[match["braced"] or match["named"]],
+                arguments,
+            ).split()
             assert len(words) in (1, 3), f"FROM {arguments}"
             stages.append(Stage(words[0], words[2] if len(words) == 3 else None))
         else:
