@@ -56,7 +56,7 @@ import yaml
 from pipeline.cli import demo
 from pipeline.cli.app import build_parser
 from pipeline.io import config, kafka_io, spark_session
-from pipeline.services import spark_standalone
+from pipeline.services import docker_images, spark_standalone
 from pipeline.services.redis_server import RedisService
 from pipeline.stages import grouping
 from producers.workloads import DEFAULT_WORKLOAD
@@ -267,7 +267,11 @@ def test_services_and_images(compose: dict[str, Any]) -> None:
     # The Spark daemons run the image's own PySpark, so the very Spark and Python of the driver.
     for name in [*SKEWER_COMMANDS, *SPARK_SERVICES]:
         service = services[name]
-        assert service["build"] == {"context": ".", "dockerfile": "deploy/Dockerfile"}, name
+        assert service["build"] == {
+            "context": ".",
+            "dockerfile": "deploy/Dockerfile",
+            "args": _global_arguments(),
+        }, name
         assert service["image"] == "skewer:local", name
         assert service["init"] is True, f"{name}: tini as PID 1 forwards SIGTERM to skewer"
     for name in KAFKA_NODES:
@@ -1030,6 +1034,91 @@ def test_grafana_datasource_is_the_compose_prometheus(compose: dict[str, Any]) -
     assert source["jsonData"]["timeInterval"] == prometheus["global"]["scrape_interval"]
 
 
+# --- images: the official ones by default, local stand-ins through one env file -----------------
+
+#: The variable each infrastructure service takes its image from.
+IMAGE_VARIABLES = {
+    "kafka": "KAFKA_IMAGE",
+    "redis": "REDIS_IMAGE",
+    "prometheus": "PROMETHEUS_IMAGE",
+    "grafana": "GRAFANA_IMAGE",
+}
+#: deploy/Dockerfile's build arguments and the variable compose passes each from.
+BUILD_ARGUMENTS = {"BASE_IMAGE": "SKEWER_BASE_IMAGE", "MAVEN_IMAGE": "SKEWER_MAVEN_IMAGE"}
+LOCAL_ENV = ROOT / "deploy" / "images" / "local.env"
+
+
+def test_image_names_are_variables_whose_defaults_are_the_official_images(
+    raw: dict[str, Any],
+) -> None:
+    services = raw["services"]
+    for name, variable in IMAGE_VARIABLES.items():
+        [use] = variable_uses(services[name]["image"])
+        assert (use.name, use.operator) == (variable, ":-"), name
+        assert services[name]["image"] == f"${{{variable}:-{use.arg}}}", name
+        assert not use.arg.startswith("skewer-local/"), f"{name}: the default is the official image"
+    for name in KAFKA_NODES:
+        assert services[name]["image"] == services["kafka"]["image"], name
+    # The skewer build passes the Dockerfile's own defaults unless a variable says otherwise.
+    defaults = _global_arguments()
+    assert set(defaults) == set(BUILD_ARGUMENTS)
+    for name in [*SKEWER_COMMANDS, *SPARK_SERVICES]:
+        assert services[name]["build"]["args"] == {
+            argument: f"${{{variable}:-{defaults[argument]}}}"
+            for argument, variable in BUILD_ARGUMENTS.items()
+        }, name
+    raw_froms = [
+        line.split()[1] for line in DOCKERFILE.read_text().splitlines() if line.startswith("FROM ")
+    ]
+    assert {"${BASE_IMAGE}", "${MAVEN_IMAGE}"} <= set(raw_froms)
+
+
+def test_the_local_env_file_switches_every_image_grafana_aside(raw: dict[str, Any]) -> None:
+    local = docker_images.read_env_file(LOCAL_ENV.read_text())
+    assert set(local) == (set(IMAGE_VARIABLES.values()) - {"GRAFANA_IMAGE"}) | set(
+        BUILD_ARGUMENTS.values()
+    )
+    switched = interpolate(raw, {**TEST_SECRETS, **local})
+    official = interpolate(raw, TEST_SECRETS)
+    for name, variable in IMAGE_VARIABLES.items():
+        expected = local.get(variable, official["services"][name]["image"])
+        assert switched["services"][name]["image"] == expected, name
+    assert switched["services"]["grafana"]["image"].startswith("grafana/grafana:")
+    for name in KAFKA_NODES:
+        assert switched["services"][name]["image"] == local["KAFKA_IMAGE"], name
+    # skewer's services keep their image name: the build arguments change what it is built on.
+    for name in [*SKEWER_COMMANDS, *SPARK_SERVICES]:
+        assert switched["services"][name]["image"] == official["services"][name]["image"], name
+    build = switched["services"]["work"]["build"]["args"]
+    assert build == {argument: local[variable] for argument, variable in BUILD_ARGUMENTS.items()}
+    # The builder tags its images with exactly these names.
+    tags = docker_images.local_tags(LOCAL_ENV)
+    for image in docker_images.IMAGES:
+        if image.variable:
+            assert tags[image.name] == local[image.variable], image.name
+    assert tags["skewer"] == official["services"]["work"]["image"]
+
+
+def test_the_stack_without_grafana_is_two_services_and_what_they_need(
+    compose: dict[str, Any],
+) -> None:
+    """Grafana has no local image: ``up prometheus producer`` starts the rest of the default
+    stack, as compose also starts every service a named one depends on."""
+    services = compose["services"]
+    started, pending = set(), list(docker_images.STACK_WITHOUT_GRAFANA)
+    while pending:
+        name = pending.pop()
+        if name not in started:
+            started.add(name)
+            pending += list(services[name].get("depends_on", {}))
+    assert started == _enabled(compose, set()) - {"grafana"}
+    assert docker_images.COMPOSE_UP_LOCAL.endswith(
+        "up -d " + " ".join(docker_images.STACK_WITHOUT_GRAFANA)
+    )
+    assert "--env-file .env --env-file deploy/images/local.env" in docker_images.COMPOSE_UP_LOCAL
+    assert docker_images.COMPOSE_UP_LOCAL in (ROOT / "README.md").read_text()
+
+
 # --- Prometheus ---------------------------------------------------------------------------------
 
 
@@ -1104,7 +1193,21 @@ class Stage:
         return [i.arguments for i in self.instructions if i.keyword == keyword]
 
 
+def _global_arguments() -> dict[str, str]:
+    """The Dockerfile's ``ARG NAME=default`` lines before its first FROM: the images its
+    stages start from (a FROM names them as ``${NAME}``)."""
+    arguments = {}
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.startswith("FROM "):
+            break
+        if line.startswith("ARG "):
+            name, _, default = line.removeprefix("ARG ").strip().partition("=")
+            arguments[name] = default
+    return arguments
+
+
 def _dockerfile_stages() -> list[Stage]:
+    """The stages, their base images with the build arguments' defaults (the official images)."""
     logical: list[str] = []
     pending = ""
     for line in DOCKERFILE.read_text().splitlines():
@@ -1120,8 +1223,13 @@ def _dockerfile_stages() -> list[Stage]:
     for text in logical:
         keyword, _, arguments = text.strip().partition(" ")
         keyword = keyword.upper()
+        if keyword == "ARG" and not stages:
+            continue  # the base images' arguments (_global_arguments)
         if keyword == "FROM":
-            words = arguments.split()
+            words = _VARIABLE.sub(
+                lambda match: _global_arguments()[match["braced"] or match["named"]],
+                arguments,
+            ).split()
             assert len(words) in (1, 3), f"FROM {arguments}"
             stages.append(Stage(words[0], words[2] if len(words) == 3 else None))
         else:
@@ -1327,7 +1435,12 @@ def test_docker_compose_config_accepts_the_file(profiles: list[str]) -> None:
         capture_output=True,
         text=True,
         check=False,
-        env={"PATH": os.environ["PATH"], **TEST_SECRETS},
+        # DOCKER_CONFIG: where the plugin may be (skewer's own is in .cache/docker-config).
+        env={
+            "PATH": os.environ["PATH"],
+            **{name: os.environ[name] for name in ("DOCKER_CONFIG",) if name in os.environ},
+            **TEST_SECRETS,
+        },
     )
     assert result.returncode == 0, result.stderr
 

@@ -28,6 +28,7 @@ from pipeline.observe.exporter import MetricsError
 #: Subcommand modules of this package, in the order ``--help`` lists them.
 COMMAND_MODULES = (
     "pipeline.cli.services",
+    "pipeline.cli.images",
     "pipeline.cli.route",
     "pipeline.cli.sim",
     "pipeline.cli.produce",

@@ -130,12 +130,12 @@ def shell_exports(settings: Settings) -> str:
     )
 
 
-def _find_binary(name: str) -> str | None:
+def find_binary(name: str) -> str | None:
     """``name`` on PATH or in the system folders (dockerd is in /usr/sbin)."""
     return shutil.which(name, path=f"{os.environ.get('PATH', '')}:{_SYSTEM_PATH}")
 
 
-def _run_logged(command: list[str], log_path: Path, env: Mapping[str, str] | None = None) -> bool:
+def run_logged(command: list[str], log_path: Path, env: Mapping[str, str] | None = None) -> bool:
     """Run ``command`` with its output appended to ``log_path``; True if it succeeded."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log:
@@ -160,7 +160,7 @@ def install_engine(settings: Settings) -> str:
     """The path of ``dockerd``, installing Debian's ``docker.io`` first if it is missing
     (``apt-get update``, then the package, its services kept from starting: see
     deploy/install-system.sh). Quick when present: nothing runs."""
-    dockerd = _find_binary("dockerd")
+    dockerd = find_binary("dockerd")
     if dockerd is not None:
         return dockerd
     log_path = settings.run_dir / "docker-install.log"
@@ -168,8 +168,8 @@ def install_engine(settings: Settings) -> str:
     # The package's own dockerd must not start: it would take the default socket, where the
     # test session looks for an engine. install-system.sh installs with a policy-rc.d that
     # forbids starting services, the way it installs every other package.
-    installed = _run_logged(["bash", str(script), f"dockerd={ENGINE_PACKAGE}"], log_path)
-    dockerd = _find_binary("dockerd")
+    installed = run_logged(["bash", str(script), f"dockerd={ENGINE_PACKAGE}"], log_path)
+    dockerd = find_binary("dockerd")
     if not installed or dockerd is None:
         raise ServiceError(f"{NAME}: could not install Debian's {ENGINE_PACKAGE}; see {log_path}")
     return dockerd
@@ -243,7 +243,7 @@ def install_compose_plugin(settings: Settings) -> Path:
     plugin = compose_plugin_path(settings)
     if _compose_version(plugin) == COMPOSE_VERSION.removeprefix("v"):
         return plugin
-    go = _find_binary("go") or (
+    go = find_binary("go") or (
         "/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None
     )
     if go is None:
@@ -252,7 +252,7 @@ def install_compose_plugin(settings: Settings) -> Path:
             "Go >= 1.21 (https://go.dev/dl)"
         )
     log_path = settings.run_dir / "docker-install.log"
-    if not _run_logged(compose_build_command(go), log_path, go_environment(settings)):
+    if not run_logged(compose_build_command(go), log_path, go_environment(settings)):
         raise ServiceError(
             f"{NAME}: could not build the Compose plugin {COMPOSE_VERSION}; see {log_path}"
         )
@@ -299,7 +299,7 @@ def host_state() -> dict[str, list[str]]:
         if _DOCKER_BRIDGE.match(path.name) and (path / "bridge").exists()
     )
     state: dict[str, list[str]] = {"bridges": bridges, "policy": []}
-    iptables = _find_binary("iptables")
+    iptables = find_binary("iptables")
     for table in _IPTABLES_TABLES:
         printed: list[str] = []
         if iptables is not None:
@@ -400,7 +400,7 @@ def left_behind(settings: Settings) -> bool:
     return (settings.run_dir / f"{NAME}.pid").exists() or (engine / _HOST_BEFORE).exists()
 
 
-def _unmount(mount: Path) -> None:
+def unmount(mount: Path) -> None:
     """Unmount ``mount``, detached (lazily) if it is busy; the umount2 call itself, as the
     ``umount`` program would leave its own /run/mount behind."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -491,7 +491,7 @@ class DockerEngineService(NativeService):
 
     def command(self) -> list[str]:
         return [
-            _find_binary("dockerd") or "dockerd",
+            find_binary("dockerd") or "dockerd",
             "--host",
             self.address,
             "--data-root",
@@ -561,14 +561,14 @@ class DockerEngineService(NativeService):
         if self.healthy(0.5):
             return
         log_path = self.log_path
-        runc = _find_binary("runc")
+        runc = find_binary("runc")
         if runc is not None and self.runc_root.is_dir():
             for container in sorted(self.runc_root.iterdir()):
                 command = [runc, "--root", str(self.runc_root), "delete", "--force", container.name]
-                _run_logged(command, log_path)
+                run_logged(command, log_path)
         process.terminate_all(self.leftover_processes(), grace_seconds=10)
         for mount in self.leftover_mounts():
-            _unmount(mount)
+            unmount(mount)
         # dockerd removes both itself on a clean stop.
         self.daemon_pid_path.unlink(missing_ok=True)
         if self.socket_path.is_socket():
@@ -578,5 +578,5 @@ class DockerEngineService(NativeService):
         except (OSError, ValueError):
             return  # no snapshot: nothing is known to be ours
         for command in cleanup_commands(before, host_state()):
-            _run_logged(command, log_path)
+            run_logged(command, log_path)
         self.host_before_path.unlink(missing_ok=True)
