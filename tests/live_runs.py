@@ -155,14 +155,17 @@ def wait_for_a_migration(pipeline: Pipeline, timeout: float = RUN_TIMEOUT) -> No
     from pipeline.io import kafka_io
     from pipeline.stages.control_plane import ControlPlane
 
-    plane = ControlPlane(kafka_io.connect_redis(pipeline.settings.redis_url), pipeline.plan.run_id)
+    plan = pipeline.plan
+    plane = ControlPlane(kafka_io.connect_redis(pipeline.settings.redis_url), plan.run_id)
     try:
+        # A run that ends without one fails now, not at the timeout.
         wait_for(
             pipeline,
-            lambda _: plane.current().migrating is not None,
+            lambda p: plane.current().migrating is not None or p.processed >= plan.records,
             "a migration in flight",
             timeout=timeout,
         )
+        assert plane.current().migrating is not None, f"{plan.run_id}: no migration came"
     finally:
         plane.client.close()
 
