@@ -19,12 +19,13 @@ DEMO_ARGS ?= --scheme pkg --records 100000 --verify
 # per session, private services on random ports; `PYTEST_ARGS=...` runs one worker.
 PYTEST_ARGS ?= --timeout=900 --durations=30 --numprocesses 2 --dist loadfile
 
-.PHONY: help install system-packages python-env jars demo test up down status lint
+.PHONY: help install system-packages python-env jars demo test test-docker up down status lint
 
 help:
 	@echo "make demo     install, start the native services, run the demo (skewer demo $(DEMO_ARGS))"
 	@echo "make test     install, run every test (integration tests start the services they need"
 	@echo "              and stop the ones they started)"
+	@echo "make test-docker  the Docker-backed tests on the engine of DOCKER_HOST, local images"
 	@echo "make install  only the installs;  make up | down | status  the native services"
 
 install: system-packages python-env jars
@@ -50,6 +51,15 @@ demo: install
 # Docker engine answers) and, even when tests fail, stop exactly the ones they started.
 test: install
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The Docker-backed part of the tests (issue 14) on the engine of DOCKER_HOST (`skewer services
+# up docker` starts one and prints the line to export): the local images, built or reused, then
+# the live path's integration tests on testcontainers with them, the Docker backend's own tests
+# and the compose stack end to end (tests/service_backends.py says which tests and why).
+test-docker: install
+	$(BIN)/skewer images build --local
+	SKEWER_TEST_BACKEND=docker SKEWER_TEST_IMAGES=local $(BIN)/pytest $(PYTEST_ARGS) \
+		-m "live_path or docker" tests/integration
 
 up: install
 	$(BIN)/skewer services up

@@ -1,42 +1,50 @@
 """Fixtures for tests that need real services: Kafka, Redis, Prometheus and Spark.
 
-Two backends, the same tests, nothing mocked:
+Two backends, the same tests, nothing mocked (tests/service_backends.py says how each works,
+which images the Docker one runs, and which tests run on both):
 
-- ``docker``: testcontainers (Confluent's cp-kafka in KRaft mode, redis, prom/prometheus) when a
-  Docker engine answers a ping within 2 s;
+- ``docker``: containers started by testcontainers from docker-compose.yml's images
+  (``KAFKA_IMAGE``, ``REDIS_IMAGE``, ``PROMETHEUS_IMAGE``; ``SKEWER_TEST_IMAGES=local`` takes
+  deploy/images/local.env's stand-ins), when a Docker engine answers a ping within 2 s;
 - ``native``: skewer's own native services (:mod:`pipeline.services.manager`), started on first
   use if they are not running, and stopped at the end of the session only if a test session started
   them and no other test session still uses them (leases; services started with
   ``skewer services up`` are never stopped by tests).
 
-``SKEWER_TEST_BACKEND=docker|native`` forces one. The pytest header says which one runs.
-Services start lazily, when the first test asks for one, so unit tests start nothing.
+``SKEWER_TEST_BACKEND=docker|native`` forces one; a bad setting, or ``docker`` without an
+engine, stops the session with one line. The pytest header says which backend runs and, for
+docker, which images. Services start lazily, when the first test asks for one, so unit tests
+start nothing. Tests marked ``native_only(reason)`` skip on the docker backend with the reason;
+``live_path`` marks the modules that must pass on both.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import pytest
+from service_backends import (
+    BackendError,
+    DockerBackend,
+    NativeBackend,
+    ServiceImage,
+    choose_backend,
+    disable_ryuk_if_absent,
+    resolve_images,
+)
 
-from pipeline.io import config, kafka_io, probes
-from pipeline.services import manager, process
+from pipeline.io import config, kafka_io
+from pipeline.services import process
 
 if TYPE_CHECKING:
     import redis as redis_module
     from pyspark.sql import SparkSession
-
-#: Images of the Docker backend, pinned. testcontainers' KafkaContainer boots only Confluent's
-#: images (its start script edits their configure script); 7.6.0 is its tested default.
-KAFKA_IMAGE = "confluentinc/cp-kafka:7.6.0"
-REDIS_IMAGE = "redis:7.0.15"
-PROMETHEUS_IMAGE = "prom/prometheus:v2.53.0"
 
 #: Redis databases test sessions may claim, one each, so they never touch the pipeline's data
 #: in database 0 nor each other's keys.
@@ -44,141 +52,81 @@ TEST_REDIS_DBS = range(1, 16)
 TEST_DB_CLAIM = "skewer-tests:claim:db{}"
 
 
-def _docker_engine_answers(timeout: float = 2.0) -> tuple[bool, str]:
-    try:
-        import docker
+@dataclass(frozen=True)
+class BackendChoice:
+    """What :func:`pytest_configure` decided: the backend, why, and (docker) its images."""
 
-        client = docker.from_env(timeout=timeout)
-        try:
-            client.ping()
-        finally:
-            client.close()
-    except Exception as error:  # the SDK raises many kinds: missing socket, refused, timeout
-        return False, f"no Docker engine answered ({type(error).__name__})"
-    return True, "a Docker engine answered"
+    name: str
+    reason: str
+    images: dict[str, ServiceImage] = field(default_factory=dict)
+    ryuk: str = ""
 
-
-def _choose_backend() -> tuple[str, str]:
-    forced = os.environ.get(config.ENV_TEST_BACKEND, "auto").strip().lower()
-    if forced in ("docker", "native"):
-        return forced, f"{config.ENV_TEST_BACKEND}={forced}"
-    if forced != "auto":
-        raise pytest.UsageError(f"{config.ENV_TEST_BACKEND} must be docker, native or auto")
-    answers, reason = _docker_engine_answers()
-    return ("docker" if answers else "native"), reason
+    def header(self) -> list[str]:
+        lines = [f"skewer services backend: {self.name} ({self.reason})"]
+        if self.images:
+            lines.append(
+                "skewer docker images: "
+                + ", ".join(f"{s} {i.image} ({i.origin})" for s, i in self.images.items())
+                + f"; {self.ryuk}"
+            )
+        return lines
 
 
-class NativeBackend:
-    """Skewer's native services, under a lease of this test session (:func:`manager.acquire`).
-
-    A service this session (or another test session) had to start is stopped when the last
-    session using it ends; one started by ``skewer services up`` keeps running.
-    """
-
-    name = "native"
-
-    def __init__(self) -> None:
-        self.settings = config.load()
-        self.leased: list[str] = []
-
-    def _ensure(self, name: str) -> None:
-        if name not in self.leased:
-            manager.acquire(self.settings, [name])
-            self.leased.append(name)
-
-    def kafka_bootstrap(self) -> str:
-        self._ensure("kafka")
-        return self.settings.kafka_bootstrap
-
-    def redis_url(self) -> str:
-        self._ensure("redis")
-        return self.settings.redis_url
-
-    def prometheus_url(self) -> str:
-        self._ensure("prometheus")
-        return self.settings.prometheus_url
-
-    def close(self) -> None:
-        if self.leased:
-            manager.release(self.settings, self.leased)
-
-
-class DockerBackend:
-    """Containers started by testcontainers, one of each at most, removed at the end."""
-
-    name = "docker"
-
-    def __init__(self) -> None:
-        self._containers: dict[str, Any] = {}
-
-    def kafka_bootstrap(self) -> str:
-        if "kafka" not in self._containers:
-            try:
-                from testcontainers.community.kafka import KafkaContainer
-            except ImportError:
-                from testcontainers.kafka import KafkaContainer
-            self._containers["kafka"] = KafkaContainer(KAFKA_IMAGE).with_kraft().start()
-        return self._containers["kafka"].get_bootstrap_server()
-
-    def redis_url(self) -> str:
-        if "redis" not in self._containers:
-            try:
-                from testcontainers.community.redis import RedisContainer
-            except ImportError:
-                from testcontainers.redis import RedisContainer
-            self._containers["redis"] = RedisContainer(REDIS_IMAGE).start()
-        container = self._containers["redis"]
-        return f"redis://{container.get_container_host_ip()}:{container.get_exposed_port(6379)}/0"
-
-    def prometheus_url(self) -> str:
-        if "prometheus" not in self._containers:
-            from testcontainers.core.container import DockerContainer
-
-            container = DockerContainer(PROMETHEUS_IMAGE).with_exposed_ports(9090).start()
-            self._containers["prometheus"] = container
-            url = self._prometheus_url(container)
-            deadline = time.monotonic() + 60
-            while not probes.prometheus_answers(url):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"prometheus container not ready at {url}")
-                time.sleep(0.5)
-        return self._prometheus_url(self._containers["prometheus"])
-
-    @staticmethod
-    def _prometheus_url(container: Any) -> str:
-        return f"http://{container.get_container_host_ip()}:{container.get_exposed_port(9090)}"
-
-    def close(self) -> None:
-        for container in self._containers.values():
-            container.stop()
-
-
-_BACKEND_KEY = pytest.StashKey[tuple[str, str]]()
+_BACKEND_KEY = pytest.StashKey[BackendChoice]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[_BACKEND_KEY] = _choose_backend()
+    try:
+        name, reason = choose_backend()
+        if name == "docker":
+            # Before anything imports testcontainers: it reads the Ryuk switch once.
+            choice = BackendChoice(name, reason, resolve_images(), disable_ryuk_if_absent())
+        else:
+            choice = BackendChoice(name, reason)
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
+    config.stash[_BACKEND_KEY] = choice
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    backend, reason = config.stash[_BACKEND_KEY]
-    return f"skewer services backend: {backend} ({reason})"
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return config.stash[_BACKEND_KEY].header()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On the docker backend, tests marked ``native_only(reason)`` skip with their reason."""
+    if config.stash[_BACKEND_KEY].name != "docker":
+        return
+    for item in items:
+        marker = item.get_closest_marker("native_only")
+        if marker is not None:
+            why = marker.args[0] if marker.args else "needs the native services"
+            item.add_marker(pytest.mark.skip(reason=f"native backend only: {why}"))
 
 
 @pytest.fixture(scope="session")
 def service_backend(request: pytest.FixtureRequest) -> Iterator[NativeBackend | DockerBackend]:
-    backend_name, _ = request.config.stash[_BACKEND_KEY]
-    backend = DockerBackend() if backend_name == "docker" else NativeBackend()
+    """The session's backend; at its end every container it started is removed (docker), or its
+    leases on the native services are released, even when tests failed."""
+    choice = request.config.stash[_BACKEND_KEY]
+    backend = DockerBackend(choice.images) if choice.name == "docker" else NativeBackend()
     try:
         yield backend
     finally:
         backend.close()
 
 
+def _start(start: Callable[[], str]) -> str:
+    """A service's address; a service the docker backend cannot start fails with one line."""
+    try:
+        return start()
+    except BackendError as error:
+        pytest.fail(str(error), pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def kafka(service_backend: NativeBackend | DockerBackend) -> str:
     """Bootstrap servers (``host:port``) of a running Kafka broker."""
-    return service_backend.kafka_bootstrap()
+    return _start(service_backend.kafka_bootstrap)
 
 
 @pytest.fixture(scope="session")
@@ -192,7 +140,7 @@ def redis(service_backend: NativeBackend | DockerBackend) -> Iterator[redis_modu
     import redis as redis_module
 
     # Not from_url(url, db=...): the database in the URL's path would win over the keyword.
-    address = urlsplit(service_backend.redis_url())
+    address = urlsplit(_start(service_backend.redis_url))
     connection = {
         "host": address.hostname or "127.0.0.1",
         "port": address.port or 6379,
@@ -252,7 +200,7 @@ def redis_prefix(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def prometheus(service_backend: NativeBackend | DockerBackend) -> str:
     """Base URL (no trailing slash) of a running Prometheus."""
-    return service_backend.prometheus_url()
+    return _start(service_backend.prometheus_url)
 
 
 @pytest.fixture(scope="session")

@@ -1374,7 +1374,7 @@ def test_dockerfile_run_steps_are_valid_shell_and_python() -> None:
             assert check.returncode == 0, f"RUN {run}\n{check.stderr}"
             words = shlex.split(run.replace(";", " ; "))
             for index, word in enumerate(words[:-2]):
-                if word.rpartition("/")[2] == "python" and words[index + 1] == "-c":
+                if word.rpartition("/")[2] in ("python", "python3") and words[index + 1] == "-c":
                     compile(words[index + 2], "<RUN python -c>", "exec")
                     _assert_project_names_resolve(words[index + 2])
                     programs += 1

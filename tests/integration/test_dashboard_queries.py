@@ -46,7 +46,13 @@ from pipeline.io import config
 from pipeline.runs.orchestrator import run_pipeline
 from pipeline.runs.plan import RunPlan, new_run_id
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.native_only(
+        "the native Prometheus finds the stages' exporters through file_sd; "
+        "a container cannot reach them"
+    ),
+]
 
 #: Fang et al.'s fluctuating hot set (4 intervals, drift relative to 8 workers) on Zipf z = 1.
 WORKLOAD = "drift:mode=fluctuate,z=1.0,keys=5000,intervals=4,workers=8"

@@ -168,6 +168,7 @@ def test_an_existing_run_is_refused_and_left_alone(
 
 
 @pytest.mark.integration
+@pytest.mark.native_only("starts a native Redis for the run, as the demo does")
 def test_a_service_that_does_not_answer_is_started_for_the_run_and_stopped_after(
     kafka: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

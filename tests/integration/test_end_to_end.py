@@ -37,7 +37,7 @@ from pipeline.runs.plan import RunPlan, new_run_id
 from pipeline.runs.summary import RunSummary
 from pipeline.runs.verify import verify_run
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.live_path]
 
 LIVE_SCHEMES = ("key", "shuffle", "pkg", "d-choices", "w-choices", "fish", "consistent")
 #: 25 s of event time at the producers' default 4,000 records per second: five windows of 5 s.

@@ -31,7 +31,7 @@ from pipeline.stages import grouping
 from producers import kafka_producer
 from producers.workloads import parse
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.live_path]
 
 SKEWER = str(Path(sys.executable).with_name("skewer"))
 WINDOW_MS = 10_000

@@ -40,7 +40,11 @@ from pipeline.runs.plan import RunPlan, new_run_id
 from pipeline.services import manager, process
 from pipeline.services.kafka_broker import KafkaNodeService, node_name
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.native_only("runs and kills native Kafka nodes of its own"),
+]
 
 NODES = [node_name(node) for node in range(1, config.KAFKA_CLUSTER_NODES + 1)]
 

@@ -117,11 +117,10 @@ def _by(values: list[tuple[dict, float]], label: str) -> dict[str, float]:
     return out
 
 
+@pytest.mark.native_only("the native Prometheus finds the stages' exporters through file_sd")
 def test_every_stage_exports_and_prometheus_agrees_with_redis(
-    settings: config.Settings, prometheus: str, service_backend: Any
+    settings: config.Settings, prometheus: str
 ) -> None:
-    if service_backend.name != "native":
-        pytest.skip("the exporters' file_sd targets are for the native Prometheus")
     # The native Prometheus runs this checkout's configuration (services reloads a stale one).
     loaded = _get_json(f"{prometheus}/api/v1/status/config")["yaml"]
     assert "job_name: skewer" in loaded and str(settings.prometheus_targets_dir) in loaded
@@ -334,6 +333,7 @@ def test_work_topic_lag_is_end_offset_minus_committed(
         lag.close()
 
 
+@pytest.mark.native_only("tests the native Prometheus service of skewer services")
 def test_services_up_reloads_a_running_prometheus_with_a_stale_configuration(
     tmp_path: Any,
 ) -> None:

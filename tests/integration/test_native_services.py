@@ -21,7 +21,10 @@ from pipeline.cli import app
 from pipeline.io import config, probes
 from pipeline.services import manager, process
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.native_only("tests skewer's native services manager itself"),
+]
 
 
 @pytest.fixture

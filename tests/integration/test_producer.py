@@ -26,7 +26,7 @@ from pipeline.io.records import END_OF_STREAM, Kind, decode_input
 from producers import kafka_producer
 from producers.workloads import parse
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.live_path]
 
 RECORDS = 200_000
 SOURCES = 3

@@ -31,7 +31,10 @@ from live_runs import (
 from pipeline.io import config, probes
 from pipeline.services import manager
 
-pytestmark = pytest.mark.integration
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.native_only("kills a native Redis of its own and starts it again on its files"),
+]
 
 
 @pytest.mark.parametrize("scheme", ["pkg", "mixed"])

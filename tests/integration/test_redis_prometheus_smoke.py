@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.live_path]
 
 
 def test_redis_round_trip(redis, redis_prefix: str) -> None:

@@ -35,7 +35,11 @@ from pipeline.io import config, kafka_io, redis_client
 from pipeline.runs.plan import RunPlan, new_run_id
 from pipeline.services import manager, process, redis_sentinel
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.native_only("runs a native Redis Sentinel set and kills its primary"),
+]
 
 SET = ("redis", *redis_sentinel.NAMES)
 

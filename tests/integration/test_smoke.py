@@ -16,7 +16,7 @@ import pytest
 
 from pipeline.io import kafka_io
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.live_path]
 
 RECORDS = 10_000
 WORKERS = 8

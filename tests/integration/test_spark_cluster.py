@@ -28,7 +28,11 @@ from pipeline.io import config, probes
 from pipeline.services import manager, process
 from pipeline.services.spark_standalone import SparkMasterService, SparkWorkerService
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.native_only("runs and kills a native Spark standalone cluster"),
+]
 
 CLUSTER = ["spark-master", "spark-worker-1", "spark-worker-2"]
 

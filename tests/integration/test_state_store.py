@@ -16,7 +16,7 @@ from pipeline.io.records import END_OF_STREAM
 from pipeline.io.state_store import StateStore
 from pipeline.stages.aggregator import AggregateOptions, Aggregator
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.live_path]
 
 
 @pytest.fixture

@@ -37,7 +37,7 @@ from pipeline.stages.aggregator import AggregateOptions, Aggregator, KafkaPublis
 from pipeline.stages.worker_job import WorkOptions
 from pipeline.stages.worker_job import run as run_worker_job
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.live_path]
 
 WORKERS = 4
 SOURCES = 2
