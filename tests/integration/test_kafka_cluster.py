@@ -230,10 +230,18 @@ def test_kill_9_of_the_transaction_coordinator_keeps_counts_exact(
     transaction; the node is started again and catches up. No stage restarts, and every
     (key, window) count equals the ground truth."""
     # Four workers for pkg: the run shares two cores with three brokers and the session's
-    # services. Eight for mixed: at four, the drifting stream can stay within mixed's balance
-    # bound, and no migration comes (seen in CI).
-    workers = 8 if scheme == "mixed" else 4
-    plan = fault_plan(scheme, f"brokers-{scheme}", records=30_000, workers=workers, cpu_cost_us=0)
+    # services. For mixed, eight workers and twice the records: at four, the drifting stream
+    # could stay within mixed's balance bound, and on a loaded machine 30,000 records (hot set
+    # changing every 2.5 s) could end before a controller round planned a migration (both
+    # seen in CI); at 60,000 each hot set lasts 5 s, several rounds.
+    mixed = scheme == "mixed"
+    plan = fault_plan(
+        scheme,
+        f"brokers-{scheme}",
+        records=60_000 if mixed else 30_000,
+        workers=8 if mixed else 4,
+        cpu_cost_us=0,
+    )
     killed: list[int] = []
 
     def kill_mid_run(pipeline: Pipeline) -> None:
