@@ -49,6 +49,7 @@ from pipeline.io.artifacts import ArtifactError, ensure_kafka_libs
 from pipeline.io.config import Settings
 from pipeline.io.probes import docker_answers
 from pipeline.services import docker_engine
+from pipeline.services.native import last_log_line
 
 #: The Debian release of every image (the native services' packages are bookworm's too).
 SUITE = "bookworm"
@@ -406,14 +407,6 @@ class Built:
 # Building them
 
 
-def _last_line(path: Path) -> str:
-    try:
-        lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
-    except OSError:
-        return ""
-    return next((line for line in reversed(lines) if line), "")
-
-
 def _mounts_under(folder: Path) -> list[Path]:
     """Mount points at or under ``folder``, deepest first."""
     mounts = []
@@ -539,7 +532,8 @@ class Builder:
     def _run(self, name: str, command: list[str]) -> None:
         log = self.log_path(name)
         if not docker_engine.run_logged(command, log, self.env):
-            raise ImageError(f"{name} failed to build; see {log}; its log ends: {_last_line(log)}")
+            ends = last_log_line(log)
+            raise ImageError(f"{name} failed to build; see {log}; its log ends: {ends}")
 
     def build_base(self, tag: str, rebuild: bool) -> str:
         """The Debian base: debootstrap, then ``docker import``; "kept" if it exists."""
@@ -597,7 +591,8 @@ class Builder:
             packer.stdout.close()
             packed = packer.wait()
         if packed != 0 or imported.returncode != 0:
-            raise ImageError(f"debian failed to import; see {log}; its log ends: {_last_line(log)}")
+            ends = last_log_line(log)
+            raise ImageError(f"debian failed to import; see {log}; its log ends: {ends}")
 
     def kafka_context(self) -> Path:
         """The Kafka image's build context: deploy/images/kafka/, deploy/kafka/log4j2.properties

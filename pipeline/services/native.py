@@ -10,7 +10,6 @@ only (ports in :mod:`pipeline.io.config`), with its data and log under ``.cache/
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -18,6 +17,16 @@ from pathlib import Path
 from pipeline.io import config
 from pipeline.io.config import Settings
 from pipeline.services.process import PidRecord
+
+
+def last_log_line(path: Path) -> str:
+    """The last non-blank line of the log at ``path`` ("" if none, or no log): where a
+    process that stopped usually says why."""
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
+    except OSError:
+        return ""
+    return next((line for line in reversed(lines) if line), "")
 
 
 class ServiceError(Exception):
@@ -76,10 +85,7 @@ class NativeService(ABC):
     def start_failure(self, why: str) -> ServiceError:
         """The one line that says this service did not come up: why, its log, and the log's
         last line (where a JVM or redis-server says what stopped it)."""
-        last_line = ""
-        with contextlib.suppress(OSError):
-            lines = self.log_path.read_text(errors="replace").strip().splitlines()
-            last_line = lines[-1].strip()[:300] if lines else ""
+        last_line = last_log_line(self.log_path)[:300]
         said = f"; its log ends: {last_line}" if last_line else ""
         return ServiceError(f"{self.name} failed to start ({why}); see {self.log_path}{said}")
 

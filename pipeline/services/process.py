@@ -174,8 +174,19 @@ def terminate_all(records: Sequence[PidRecord], grace_seconds: float, *, quorum:
         if is_alive(record):
             os.kill(record.pid, signal.SIGKILL)
     for record in running:
-        while is_alive(record):
-            time.sleep(0.05)
+        wait_gone(record)
+
+
+def wait_gone(record: PidRecord, timeout: float | None = None) -> bool:
+    """Wait until ``record``'s process has exited and is reaped (its ports and files are
+    free); False if it still runs after ``timeout`` seconds (None: wait for as long as it
+    takes)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while is_alive(record):
+        if deadline is not None and time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def this_process() -> PidRecord:

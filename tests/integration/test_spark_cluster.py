@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,10 +36,15 @@ pytestmark = [
 CLUSTER = ["spark-master", "spark-worker-1", "spark-worker-2"]
 
 
-@pytest.fixture(scope="module")
-def master_url(settings: config.Settings) -> Iterator[str]:
+def lease_the_whole_cluster(settings: config.Settings) -> None:
+    """This session's lease on the master and both workers, starting whichever is down."""
     states = manager.acquire(settings, CLUSTER)
     assert [s.state for s in states if s.state not in ("started", "running", "external")] == []
+
+
+@pytest.fixture(scope="module")
+def master_url(settings: config.Settings) -> Iterator[str]:
+    lease_the_whole_cluster(settings)
     try:
         yield settings.spark_standalone_url
     finally:
@@ -52,8 +56,7 @@ def whole_cluster(master_url: str, settings: config.Settings) -> str:
     """The cluster with both workers registered, whatever the test before left: a worker a
     fault test failed to restart is started again here, so one failure does not leave every
     later test short of cores. The module's lease covers what this starts (same holder)."""
-    states = manager.acquire(settings, CLUSTER)
-    assert [s.state for s in states if s.state not in ("started", "running", "external")] == []
+    lease_the_whole_cluster(settings)
     return master_url
 
 
@@ -126,10 +129,7 @@ def test_kill_9_of_a_spark_worker_mid_run_keeps_counts_exact(
         wait_for_the_fault_moment(pipeline)
         os.kill(record.pid, signal.SIGKILL)
         # Reaped before the restart, so its web UI port is free for the new worker.
-        deadline = time.monotonic() + 10
-        while process.is_alive(record):
-            assert time.monotonic() < deadline, "the killed worker is still there"
-            time.sleep(0.05)
+        assert process.wait_gone(record, timeout=10), "the killed worker is still there"
         # A lease, not `up`: `up` adopts what it starts, and the worker would outlive the tests.
         states = manager.acquire(settings, [worker.name])
         assert [s.state for s in states] == ["started"]
