@@ -26,8 +26,11 @@ Ground truth. Before sending, the count of every (key, window) is added (HINCRBY
 hash ``skewer:{run}:truth:{window_start}`` (field = key bytes), computed with one
 ``np.unique`` per window; after every record is acknowledged ``producer:{p}:sent`` grows by the
 DATA records producer p sent. Adding keeps the truth equal to what was sent even when one run
-produces twice. Keys are identified by their 64-bit :meth:`~operators.keys.KeyBatch.key_ids`
-and the grouping seed's hash checks that no two distinct keys share one (a 128-bit identity).
+produces twice; each addition is made once, and behind Sentinel replicated before the
+producer goes on (:func:`~pipeline.io.state_store.add_once`), so neither a retried command nor
+a failover of the primary changes the truth. Keys are identified by their 64-bit
+:meth:`~operators.keys.KeyBatch.key_ids` and the grouping seed's hash checks that no two
+distinct keys share one (a 128-bit identity).
 
 Example (the plan of a stream; nothing is sent):
     >>> import numpy as np
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -55,6 +59,7 @@ from operators.keys import KeyBatch
 from operators.schemes.hashing import FIRST_SEED
 from pipeline.io import kafka_io
 from pipeline.io.records import END_OF_STREAM, Kind, encode_input, window_start
+from pipeline.io.state_store import add_once
 
 if TYPE_CHECKING:
     import redis
@@ -119,17 +124,24 @@ def ground_truth(
 
 
 def write_truth(
-    client: redis.Redis, names: kafka_io.RunNames, truth: dict[int, list[tuple[bytes, int]]]
+    client: redis.Redis,
+    names: kafka_io.RunNames,
+    truth: dict[int, list[tuple[bytes, int]]],
+    *,
+    write_id: str,
+    replicas: int = 0,
 ) -> None:
-    """HINCRBY every (key, window) count into ``truth:{window}`` (pipelined, in chunks)."""
-    pipe = client.pipeline(transaction=False)
-    for window, counts in truth.items():
-        name = names.redis_key("truth", window)
-        for key, count in counts:
-            pipe.hincrby(name, key, count)
-            if len(pipe) >= TRUTH_CHUNK:
-                pipe.execute()
-    pipe.execute()
+    """HINCRBY every (key, window) count into ``truth:{window}``, in chunks of
+    :data:`TRUTH_CHUNK`, each added once (:func:`~pipeline.io.state_store.add_once`, marker
+    ``added:{write_id}:truth:{chunk}``) and replicated to ``replicas``."""
+    increments = [
+        (names.redis_key("truth", window), key, count)
+        for window, counts in truth.items()
+        for key, count in counts
+    ]
+    for chunk, first in enumerate(range(0, len(increments), TRUTH_CHUNK)):
+        marker = names.redis_key("added", write_id, "truth", chunk)
+        add_once(client, marker, increments[first : first + TRUTH_CHUNK], replicas)
 
 
 def _split_keys(keys: KeyBatch) -> list[bytes]:
@@ -178,6 +190,7 @@ def produce_stream(
     start_ms: int | None = None,
     progress: Callable[[int], None] | None = None,
     on_acked: Callable[[int], None] | None = None,
+    redis_replicas: int = 0,
 ) -> ProduceResult:
     """Send ``keys`` to ``keys``-topic partitions 0..S-1 and record the truth; see the module.
 
@@ -186,7 +199,9 @@ def produce_stream(
     at least the first ``k`` DATA records are acknowledged -- the records sent minus those
     still in the producer's queue (``len(producer)``, watermarks included, so a lower bound;
     exactly ``n`` once all are acknowledged). Per chunk, not per record: delivery reports
-    come for failures only.
+    come for failures only. ``redis_replicas``: how many Redis replicas must hold the truth
+    and the counts sent before they count as written (:func:`pipeline.io.redis_client.
+    replicas_to_wait`), so a failover of the primary loses neither.
     """
     from confluent_kafka import Producer
 
@@ -199,7 +214,8 @@ def produce_stream(
         start_ms = int(time.time() * 1000) // window_ms * window_ms
     plan = plan_stream(n, sources, event_rate, start_ms)
     truth = ground_truth(keys, plan.event_time_ms, window_ms)
-    write_truth(redis_client, names, truth)
+    write_id = uuid.uuid4().hex
+    write_truth(redis_client, names, truth, write_id=write_id, replicas=redis_replicas)
 
     values = encode_input(plan.event_time_ms, plan.producer, plan.seq)
     key_list = _split_keys(keys)
@@ -269,10 +285,12 @@ def produce_stream(
         raise RuntimeError(f"kafka delivery failed: {failures[0]} ({len(failures)} failure(s))")
     if on_acked is not None:
         on_acked(n)
-    pipe = redis_client.pipeline(transaction=False)
-    for p, count in enumerate(sent):
-        pipe.incrby(names.redis_key("producer", p, "sent"), count)
-    pipe.execute()
+    add_once(
+        redis_client,
+        names.redis_key("added", write_id, "sent"),
+        [(names.redis_key("producer", p, "sent"), "", count) for p, count in enumerate(sent)],
+        redis_replicas,
+    )
     return ProduceResult(
         records=n,
         windows=sorted(truth),

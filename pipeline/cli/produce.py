@@ -56,6 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeline.cli.arguments import UsageError, require_at_least
     from pipeline.io import config, kafka_io
+    from pipeline.io.redis_client import replicas_to_wait
     from producers.kafka_producer import produce_stream
     from producers.workloads import WorkloadError, parse
 
@@ -97,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             rate=args.rate,
             start_ms=args.start_ms,
             on_acked=producer_metrics.ProducerMetrics(exporter.labels, args.sources).acked,
+            redis_replicas=replicas_to_wait(settings.redis_url),
         )
     except RuntimeError as error:
         print(f"skewer produce: error: {error}", file=sys.stderr)

@@ -6,7 +6,8 @@ Every key of a run starts with ``skewer:{run_id}:`` (:class:`RunKeys` names them
 and tests live side by side in one Redis. The workers (:mod:`pipeline.stages.worker_job`) write, the
 aggregator (:mod:`pipeline.stages.aggregator`) merges and frees, verification reads.
 
-The keys (after the prefix): ``truth:{window}`` and ``producer:{p}:sent`` (the producers');
+The keys (after the prefix): ``truth:{window}``, ``producer:{p}:sent`` and the markers
+``added:{id}:...`` of their additions (the producers', :func:`add_once`);
 ``state:{worker}:{window}`` hash key -> partial count, and ``sum:{worker}:{window}`` key ->
 partial sum of the records' amounts (runs with ``--sum`` only: int64 millionths,
 :data:`pipeline.io.extractors.AMOUNT_DIGITS`); ``applied:{worker}`` last applied batch id;
@@ -389,6 +390,55 @@ redis.call('HINCRBY', totals, 'state_entries', ARGV[6])
 redis.call('HINCRBY', totals, 'distinct_keys', n_keys)
 return 1
 """
+
+
+#: KEYS[1]: the write's marker; ARGV: (key, field, amount) * n, field '' for a plain counter.
+#: Returns 1 when added now, 0 when the marker was there (added before).
+ADD_ONCE_SCRIPT = """
+if not redis.call('SET', KEYS[1], 1, 'NX') then return 0 end
+for i = 1, #ARGV, 3 do
+  if ARGV[i + 1] == '' then
+    redis.call('INCRBY', ARGV[i], ARGV[i + 2])
+  else
+    redis.call('HINCRBY', ARGV[i], ARGV[i + 1], ARGV[i + 2])
+  end
+end
+return 1
+"""
+
+
+def add_once(
+    client: redis_module.Redis,
+    marker: str,
+    increments: Sequence[tuple[str, bytes | str, int]],
+    replicas: int = 0,
+    attempts: int = 5,
+) -> None:
+    """Add every ``(key, field, amount)`` (HINCRBY; INCRBY when ``field`` is ``""``) exactly
+    once per ``marker``, and with ``replicas`` return only once that many replicas hold it.
+
+    The producers' counts (the truth, records sent) are additions, and a client that retries
+    through a lost connection (:func:`~pipeline.io.kafka_io.retry_through_restarts`) may run
+    one twice; the marker, set in the same script, makes the retry a no-op. Behind Sentinel a
+    failover loses what no replica had: ``WAIT`` on the same connection says whether one does,
+    and a retry reaches the promoted primary, where the marker is missing if the addition
+    was lost, so it is added there. :class:`NotReplicatedError` after ``attempts`` waits."""
+    args = [part for key, field, amount in increments for part in (key, field, amount)]
+    script = client.register_script(ADD_ONCE_SCRIPT)
+    if not replicas:
+        script(keys=[marker], args=args)
+        return
+    for _ in range(attempts):
+        pipe = client.pipeline(transaction=False)
+        script(keys=[marker], args=args, client=pipe)
+        pipe.wait(replicas, REPLICA_WAIT_MS)
+        _added, acknowledged = pipe.execute()
+        if acknowledged >= replicas:
+            return
+    raise NotReplicatedError(
+        f"{marker}: fewer than {replicas} replica(s) acknowledged within {REPLICA_WAIT_MS} ms, "
+        f"{attempts} times"
+    )
 
 
 @dataclass(frozen=True)

@@ -338,7 +338,7 @@ class Pipeline:
 
     def start_all(self, stages: Sequence[str] | None = None, *, ready_timeout: float = 0) -> None:
         """Start ``stages`` (default: the plan's) in :data:`STAGES` order; the others after
-        ``work`` is ready."""
+        ``work`` is ready, and the producers after ``group`` is."""
         stages = self.plan.stages if stages is None else stages
         for stage in (s for s in STAGES if s in stages):
             self.start(stage)
@@ -347,6 +347,8 @@ class Pipeline:
                 self.log("waiting for the Spark workers to start ...")
                 self.wait_work_ready(ready_timeout or WORK_READY_SECONDS)
                 self.log(f"Spark workers ready after {time.monotonic() - began:.1f} s")
+            elif stage == "group" and "produce" in stages:
+                self.wait_group_ready(ready_timeout or WORK_READY_SECONDS)
         self.log(f"running: {', '.join(s for s in STAGES if s in stages)}")
 
     def wait_work_ready(self, timeout: float = WORK_READY_SECONDS) -> None:
@@ -358,6 +360,22 @@ class Pipeline:
             if time.monotonic() > deadline:
                 raise PipelineError(f"work did not start within {timeout:.0f} s")
             time.sleep(0.2)
+
+    def wait_group_ready(self, timeout: float = WORK_READY_SECONDS) -> None:
+        """Until every source of the grouping stage has started (consumer assigned, producer's
+        transactions initialised, table installed); raises if the stage died."""
+        names, sources = self.plan.names, self.plan.sources
+        deadline = time.monotonic() + timeout
+        while True:
+            pipe = self.store.client.pipeline(transaction=False)
+            for source in range(sources):
+                pipe.hexists(names.redis_key("stats", "source", source), "started_ms")
+            if all(pipe.execute()):
+                return
+            self.check(["group"])
+            if time.monotonic() > deadline:
+                raise PipelineError(f"group did not start within {timeout:.0f} s")
+            time.sleep(0.1)
 
     def kill(self, stage: str, signum: int = signal.SIGKILL) -> None:
         """Signal ``stage`` and all its children (``kill -9`` by default); wait until gone."""

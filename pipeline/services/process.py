@@ -177,6 +177,16 @@ def terminate_all(records: Sequence[PidRecord], grace_seconds: float, *, quorum:
         wait_gone(record)
 
 
+def kill(record: PidRecord, signum: int = signal.SIGKILL) -> bool:
+    """Signal ``record``'s process if it is still the one the record names (same pid and start
+    time): a pid the kernel has handed to another process since -- a test session's Spark
+    JVM, say -- is left alone. False if it was gone."""
+    if not is_alive(record):
+        return False
+    os.kill(record.pid, signum)
+    return True
+
+
 def wait_gone(record: PidRecord, timeout: float | None = None) -> bool:
     """Wait until ``record``'s process has exited and is reaped (its ports and files are
     free); False if it still runs after ``timeout`` seconds (None: wait for as long as it

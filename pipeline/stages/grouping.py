@@ -553,6 +553,9 @@ class GroupingSource:
         self._group_metadata = self._consumer.consumer_group_metadata()
         counted = self.redis.hget(self._stats_key(), "offset")
         self._counted_offset = int(counted) if counted is not None else -1
+        # The orchestrator starts the producers once every source is here: a backlog routed in
+        # one burst would reach the controller as one round that averages the stream's drift.
+        self.redis.hset(self._stats_key(), "started_ms", control_plane.now_ms())
 
     def close(self) -> None:
         if self._consumer is not None:

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -209,9 +207,8 @@ def kill_and_restart_coordinator(cluster: config.Settings, plan: RunPlan) -> int
     node = KafkaNodeService(cluster, coordinator)
     record = process.read_pid_file(node.pid_path)
     assert record is not None, f"{node.name} is not this module's"
-    os.kill(record.pid, signal.SIGKILL)
-    while process.is_alive(record):
-        time.sleep(0.05)
+    assert process.kill(record), f"{node.name} was not running"
+    process.wait_gone(record)
     # A lease, not `up`: `up` adopts what it starts, and the node would outlive the tests.
     assert [s.state for s in manager.acquire(cluster, [node.name])] == ["started"]
     return coordinator

@@ -15,8 +15,6 @@ primary, where it is applied once (idempotent per worker and batch).
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,7 +72,7 @@ def kill_primary(own: config.Settings) -> int:
     [service] = [s for s in manager.native_services(own, SET) if getattr(s, "port", 0) == port]
     record = process.read_pid_file(service.pid_path)
     assert record is not None, f"{service.name} has no pid file"
-    os.kill(record.pid, signal.SIGKILL)
+    assert process.kill(record), f"{service.name} was not running"
     return port
 
 

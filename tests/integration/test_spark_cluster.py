@@ -127,7 +127,7 @@ def test_kill_9_of_a_spark_worker_mid_run_keeps_counts_exact(
         pipeline.prepare()
         pipeline.start_all()
         wait_for_the_fault_moment(pipeline)
-        os.kill(record.pid, signal.SIGKILL)
+        assert process.kill(record), "spark-worker-1 was not running"
         # Reaped before the restart, so its web UI port is free for the new worker.
         assert process.wait_gone(record, timeout=10), "the killed worker is still there"
         # A lease, not `up`: `up` adopts what it starts, and the worker would outlive the tests.

@@ -13,7 +13,7 @@ import pytest
 from worker_batches import batch
 
 from pipeline.io.records import END_OF_STREAM
-from pipeline.io.state_store import StateStore
+from pipeline.io.state_store import StateStore, add_once
 from pipeline.stages.aggregator import AggregateOptions, Aggregator
 
 pytestmark = [pytest.mark.integration, pytest.mark.live_path]
@@ -40,6 +40,20 @@ def test_apply_is_idempotent_per_worker_and_batch(store: StateStore) -> None:
     assert store.processed_per_worker(3).tolist() == [8, 5, 0]
     assert store.per_worker("batches", 2).tolist() == [2, 1]
     assert store.open_windows() == [0, 10_000]
+
+
+def test_additions_are_made_once_per_marker(store: StateStore) -> None:
+    """The producers' truth and sent counts: a retried addition (a command whose reply was
+    lost) adds nothing; another marker adds again."""
+    prefix = store.keys.prefix
+    truth, sent = f"{prefix}truth:0", f"{prefix}n"
+    additions = [(truth, b"a", 2), (truth, b"b", 1), (sent, "", 5)]
+    add_once(store.client, f"{prefix}added:x", additions)
+    add_once(store.client, f"{prefix}added:x", additions)
+    assert store.client.hgetall(truth) == {b"a": b"2", b"b": b"1"}
+    assert store.client.get(sent) == b"5"
+    add_once(store.client, f"{prefix}added:y", additions[2:])
+    assert store.client.get(sent) == b"10"
 
 
 def test_watermark_is_min_over_all_sources(store: StateStore) -> None:
