@@ -17,7 +17,7 @@ DEMO_ARGS ?= --scheme pkg --records 100000 --verify
 # wait on JVM starts, paced producers and closing windows, so two share two cores well. Test
 # sessions side by side are safe by design: leases on the shared services, a Redis database
 # per session, private services on random ports; `PYTEST_ARGS=...` runs one worker.
-PYTEST_ARGS ?= --timeout=900 --durations=30 --numprocesses 2 --dist loadfile
+PYTEST_ARGS ?= --timeout=900 --durations=30 --numprocesses 2 --dist loadfile --no-loadscope-reorder
 
 .PHONY: help install system-packages python-env jars demo test test-docker up down status lint
 

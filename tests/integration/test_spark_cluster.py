@@ -8,12 +8,14 @@ cluster with fewer executor cores than the tasks of a micro-batch, and a master 
 answer, are refused at start with one line and exit 2, and the refused session is gone from
 the master (nothing left half-started).
 
-Two fault tests kill a part of the cluster with SIGKILL mid-run (issue 13, point 5), each under
-pkg and under mixed with a migration in flight; each is described in its docstring.
+Two fault tests kill a part of the cluster with SIGKILL mid-run (issue 13, point 5), each while
+two runs share the cluster (each asks for its tasks' cores only, ``spark.cores.max``): one
+under pkg, one under mixed with a migration in flight; each is described in its docstring.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ from live_runs import check_exact_without_restarts, fault_plan, run_of, wait_for
 
 from pipeline.cli import app
 from pipeline.io import config, probes
+from pipeline.runs.orchestrator import Pipeline
 from pipeline.services import manager, process
 from pipeline.services.spark_standalone import SparkMasterService, SparkWorkerService
 
@@ -60,7 +63,7 @@ def whole_cluster(master_url: str, settings: config.Settings) -> str:
     return master_url
 
 
-def active_applications(settings: config.Settings) -> list[object]:
+def active_applications(settings: config.Settings) -> list[dict[str, object]]:
     status = probes.spark_status(SparkMasterService(settings).master_web_url)
     assert status is not None
     return list(status["activeapps"])
@@ -92,8 +95,16 @@ def test_a_master_that_does_not_answer_is_refused_with_exit_2(
     )
 
 
-def executor_pids() -> list[int]:
-    """The pids of the executor JVMs on this machine (the cluster's, in a test run)."""
+def executor_pids(settings: config.Settings, runs: list[Pipeline]) -> list[int]:
+    """The pids of the executor JVMs of ``runs``' Spark applications (by the application ids
+    the master gives ``skewer-work-{run}``): another test session's cluster may have some too."""
+    names = {f"skewer-work-{p.plan.run_id}" for p in runs}
+    ids = {
+        f"--app-id\0{a['id']}\0".encode()
+        for a in active_applications(settings)
+        if a["name"] in names
+    }
+    assert len(ids) == len(runs), f"not every run has an application on the master: {ids}"
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -101,56 +112,77 @@ def executor_pids() -> list[int]:
                 command = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if b"CoarseGrainedExecutorBackend" in command:
+            if b"CoarseGrainedExecutorBackend" in command and any(i in command for i in ids):
                 pids.append(int(entry.name))
     return pids
 
 
-@pytest.mark.parametrize("scheme", ["pkg", "mixed"])
-def test_kill_9_of_a_spark_worker_mid_run_keeps_counts_exact(
-    whole_cluster: str, settings: config.Settings, scheme: str
+@contextlib.contextmanager
+def two_runs_sharing(master: str, settings: config.Settings, tag: str) -> Iterator[list[Pipeline]]:
+    """A pkg run and a mixed run (W = 4 each, so each asks for 4 of the cluster's 8 cores) on the
+    cluster at once, started together; yields them once the mixed one, on a drifting stream,
+    has a migration in flight, with both still running: the moment a fault test strikes. The
+    pkg run's stream is the longer (20 s against 8 s), so it is still going then."""
+    plans = [
+        fault_plan("pkg", f"{tag}-pkg", spark_master=master, workers=4, records=60_000),
+        fault_plan("mixed", f"{tag}-mixed", spark_master=master, workers=4),
+    ]
+    with contextlib.ExitStack() as runs:
+        pipelines = [runs.enter_context(run_of(plan, settings)) for plan in plans]
+        # Both Spark applications start at once; the stages are started from this thread, as
+        # they die with the thread that started them (PR_SET_PDEATHSIG).
+        for pipeline in pipelines:
+            pipeline.prepare()
+            pipeline.start("work")
+        for pipeline in pipelines:
+            pipeline.wait_work_ready()
+        for pipeline in pipelines:
+            pipeline.start_all([s for s in pipeline.plan.stages if s != "work"])
+        wait_for_the_fault_moment(pipelines[1])
+        pkg = pipelines[0]
+        assert pkg.progress().processed < pkg.plan.records, "the pkg run ended before the fault"
+        yield pipelines
+
+
+def test_kill_9_of_a_spark_worker_under_two_runs_keeps_both_exact(
+    whole_cluster: str, settings: config.Settings
 ) -> None:
-    """What is killed: standalone worker 1's JVM (SIGKILL); its executor exits with it (it
-    watches its worker). When: for pkg, once a quarter of the records are processed, with
-    micro-batches in flight; for mixed on a drifting stream, while a migration is in flight
-    (the controller published a table and keys' state moves between workers). Recovery
-    expected: Spark re-runs the lost tasks on worker 2's executor (the apply is idempotent per
-    worker and batch, so a task that had applied is skipped); worker 1 is started again and
-    its new executor joins; the migration completes. No stage restarts, and every
-    (key, window) count equals the ground truth."""
+    """What is killed: standalone worker 1's JVM (SIGKILL); the executors on it, one of each
+    run, exit with it (they watch their worker). When: two runs share the cluster (pkg, and
+    mixed on a drifting stream), while the mixed run has a migration in flight (the controller
+    published a table and keys' state moves between workers) and the pkg run has micro-batches
+    in flight. Recovery expected: each run's Spark re-runs its lost tasks on its executor on
+    worker 2 (the apply is idempotent per worker and batch, so a task that had applied is
+    skipped); worker 1 is started again and each run's new executor joins; the migration
+    completes. No stage of either run restarts, and every (key, window) count of each equals
+    its ground truth."""
     worker = SparkWorkerService(settings, 1)
     record = process.read_pid_file(worker.pid_path)
     if record is None:
         pytest.skip("the Spark workers are not this checkout's (started by someone else)")
-    plan = fault_plan(scheme, f"spark-worker-{scheme}", spark_master=whole_cluster)
-    with run_of(plan, settings) as pipeline:
-        pipeline.prepare()
-        pipeline.start_all()
-        wait_for_the_fault_moment(pipeline)
+    with two_runs_sharing(whole_cluster, settings, "spark-worker") as pipelines:
         assert process.kill(record), "spark-worker-1 was not running"
         # Reaped before the restart, so its web UI port is free for the new worker.
         assert process.wait_gone(record, timeout=10), "the killed worker is still there"
         # A lease, not `up`: `up` adopts what it starts, and the worker would outlive the tests.
         states = manager.acquire(settings, [worker.name])
         assert [s.state for s in states] == ["started"]
-        check_exact_without_restarts(pipeline)
+        for pipeline in pipelines:
+            check_exact_without_restarts(pipeline)
 
 
-@pytest.mark.parametrize("scheme", ["pkg", "mixed"])
-def test_kill_9_of_an_executor_mid_run_keeps_counts_exact(
-    whole_cluster: str, settings: config.Settings, scheme: str
+def test_kill_9_of_an_executor_under_two_runs_keeps_both_exact(
+    whole_cluster: str, settings: config.Settings
 ) -> None:
-    """What is killed: one executor JVM (SIGKILL), its worker left running. When: for pkg,
-    once a quarter of the records are processed; for mixed on a drifting stream, while a
-    migration is in flight. Recovery expected: the standalone worker launches a new executor
-    for the application, Spark re-runs the lost tasks, the migration completes, and every
-    (key, window) count equals the ground truth with no stage restarted."""
-    plan = fault_plan(scheme, f"spark-executor-{scheme}", spark_master=whole_cluster)
-    with run_of(plan, settings) as pipeline:
-        pipeline.prepare()
-        pipeline.start_all()
-        wait_for_the_fault_moment(pipeline)
-        victims = executor_pids()
-        assert victims, "no executor JVM found"
+    """What is killed: one executor JVM (SIGKILL), its worker left running. When: two runs
+    share the cluster (pkg, and mixed on a drifting stream), while the mixed run has a
+    migration in flight and the pkg run has micro-batches in flight. Recovery expected: the
+    standalone worker launches a new executor for the application that lost one, its Spark
+    re-runs the lost tasks, the other run goes on untouched, the migration completes, and
+    every (key, window) count of each run equals its ground truth with no stage restarted."""
+    with two_runs_sharing(whole_cluster, settings, "spark-executor") as pipelines:
+        victims = executor_pids(settings, pipelines)
+        assert len(victims) == 4, f"two executors per run expected, found {victims}"
         os.kill(victims[0], signal.SIGKILL)
-        check_exact_without_restarts(pipeline)
+        for pipeline in pipelines:
+            check_exact_without_restarts(pipeline)
