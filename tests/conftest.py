@@ -92,31 +92,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return config.stash[_BACKEND_KEY].header()
 
 
-#: Test modules that take longest (seconds in CI, two workers), started first: a test worker
-#: hands out whole modules (``--dist loadfile``) in collection order, so a long module
-#: collected last would run alone at the end while the other worker idles.
-LONGEST_MODULES = (
-    "integration/test_spark_cluster.py",
-    "integration/test_kafka_cluster.py",
-    "integration/test_end_to_end.py",
-    "integration/test_user_topic.py",
-    "integration/test_redis_sentinel.py",
-    "integration/test_migration_live.py",
-    "integration/test_dashboard_queries.py",
-    "integration/test_demo.py",
-)
-
-
-def _longest_first(item: pytest.Item) -> int:
-    path = item.path.as_posix()
-    ranks = (i for i, m in enumerate(LONGEST_MODULES) if path.endswith(f"/tests/{m}"))
-    return next(ranks, len(LONGEST_MODULES))
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest modules first (:data:`LONGEST_MODULES`); on the docker backend, tests
-    marked ``native_only(reason)`` skip with their reason."""
-    items.sort(key=_longest_first)  # stable: each module's tests keep their order
+    """On the docker backend, tests marked ``native_only(reason)`` skip with their reason."""
     if config.stash[_BACKEND_KEY].name != "docker":
         return
     for item in items:
