@@ -17,7 +17,8 @@ for a machine that reaches Debian's mirror, PyPI and Maven Central but no image 
   ``skewer services install`` fills, configured by apache/kafka's variables); ``redis`` and
   ``prometheus`` (Debian's packages, run with compose's commands);
 - ``skewer:local``, compose's image of skewer's services, from deploy/Dockerfile with the
-  ``python`` and ``maven`` stand-ins as its build arguments.
+  ``python`` and ``maven`` stand-ins as its build arguments, and in its context Spark's Kafka
+  jars as this machine fetched them (:meth:`Builder.prefetch_for_skewer`), not fetched twice.
 
 Their names are deploy/images/local.env's (:data:`LOCAL_ENV`): the variables
 docker-compose.yml takes its image names from, so ``docker compose --env-file .env --env-file
@@ -45,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.io import config
-from pipeline.io.artifacts import ArtifactError, ensure_kafka_libs
+from pipeline.io.artifacts import ArtifactError, ensure_kafka_libs, ensure_spark_jars
 from pipeline.io.config import Settings
 from pipeline.io.probes import docker_answers
 from pipeline.services import docker_engine
@@ -55,6 +56,9 @@ from pipeline.services.native import last_log_line
 SUITE = "bookworm"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 DEFAULT_SECURITY_MIRROR = "http://deb.debian.org/debian-security"
+#: Spark's Kafka jars as ``make install`` fetched them: skewer's image takes them from its build
+#: context instead of fetching them again (deploy/Dockerfile; .dockerignore lets them in).
+PREFETCHED_SPARK_JARS = config.PROJECT_ROOT / ".cache" / "spark-jars"
 #: The Debian base every local image builds on (the ``BASE_IMAGE`` default of their Dockerfiles).
 BASE_IMAGE = f"skewer-local/debian:{SUITE}"
 #: Compose's name of skewer's own image (docker-compose.yml's ``image:`` of its services).
@@ -613,6 +617,17 @@ class Builder:
                 shutil.copy2(jar, context / "libs" / jar.name)
         return context
 
+    def prefetch_for_skewer(self) -> None:
+        """Spark's Kafka jars in skewer's build context (the cache ``make install`` filled, with
+        the marker that tells the image's build they are complete), fetched first if missing.
+        Nothing when the cache is elsewhere (``SKEWER_CACHE_DIR``): the build fetches them."""
+        if self.settings.spark_jars_dir != PREFETCHED_SPARK_JARS:
+            return
+        try:
+            ensure_spark_jars(self.settings)
+        except ArtifactError as error:
+            raise ImageError(str(error)) from None
+
     def build_image(
         self, image: Image, tags: Mapping[str, str], arguments: Mapping[str, str]
     ) -> None:
@@ -631,6 +646,8 @@ class Builder:
             arguments,
         )
         self.log_path(image.name).unlink(missing_ok=True)
+        if image.name == "skewer":
+            self.prefetch_for_skewer()
         self._run(image.name, command)
 
     def build(
