@@ -33,6 +33,7 @@ from pipeline.services import manager
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.slow,
     pytest.mark.native_only("kills a native Redis of its own and starts it again on its files"),
 ]
 
