@@ -354,28 +354,32 @@ class Pipeline:
     def wait_work_ready(self, timeout: float = WORK_READY_SECONDS) -> None:
         """Until Spark committed a micro-batch in the run's checkpoint (raises if work died)."""
         commits = self.plan.checkpoint_dir(self.settings) / "commits"
-        deadline = time.monotonic() + timeout
-        while not (commits.is_dir() and any(commits.iterdir())):
-            self.check(["work"])
-            if time.monotonic() > deadline:
-                raise PipelineError(f"work did not start within {timeout:.0f} s")
-            time.sleep(0.2)
+        self._wait_ready("work", lambda: commits.is_dir() and any(commits.iterdir()), timeout)
 
     def wait_group_ready(self, timeout: float = WORK_READY_SECONDS) -> None:
         """Until every source of the grouping stage has started (consumer assigned, producer's
         transactions initialised, table installed); raises if the stage died."""
-        names, sources = self.plan.names, self.plan.sources
-        deadline = time.monotonic() + timeout
-        while True:
-            pipe = self.store.client.pipeline(transaction=False)
-            for source in range(sources):
+        names, client = self.plan.names, self.store.client
+
+        def every_source_started() -> bool:
+            pipe = client.pipeline(transaction=False)
+            for source in range(self.plan.sources):
                 pipe.hexists(names.redis_key("stats", "source", source), "started_ms")
-            if all(pipe.execute()):
-                return
-            self.check(["group"])
+            return all(pipe.execute())
+
+        self._wait_ready("group", every_source_started, timeout, poll=0.1)
+
+    def _wait_ready(
+        self, stage: str, ready: Callable[[], bool], timeout: float, poll: float = 0.2
+    ) -> None:
+        """Poll ``ready()`` until true; :class:`StageFailedError` as soon as ``stage`` dies,
+        :class:`PipelineError` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            self.check([stage])
             if time.monotonic() > deadline:
-                raise PipelineError(f"group did not start within {timeout:.0f} s")
-            time.sleep(0.1)
+                raise PipelineError(f"{stage} did not start within {timeout:.0f} s")
+            time.sleep(poll)
 
     def kill(self, stage: str, signum: int = signal.SIGKILL) -> None:
         """Signal ``stage`` and all its children (``kill -9`` by default); wait until gone."""

@@ -635,6 +635,7 @@ class Builder:
         if image.name == "kafka":
             context = self.kafka_context()
         elif image.name == "skewer":
+            self.prefetch_for_skewer()
             context = config.PROJECT_ROOT
         else:
             context = image.dockerfile.parent
@@ -646,8 +647,6 @@ class Builder:
             arguments,
         )
         self.log_path(image.name).unlink(missing_ok=True)
-        if image.name == "skewer":
-            self.prefetch_for_skewer()
         self._run(image.name, command)
 
     def build(
