@@ -51,8 +51,14 @@ demo: install
 
 # The test session's fixtures start the services integration tests need (native ones unless a
 # Docker engine answers) and, even when tests fail, stop exactly the ones they started.
+# SKEWER_TEST_DOCKER=1 (.ci/run sets it) also starts a Docker engine, builds the local images
+# and runs the live path's tests and the compose stack on it (tests/run-with-docker.sh).
 test: install
+ifeq ($(SKEWER_TEST_DOCKER),1)
+	PYTEST_ARGS='$(PYTEST_ARGS)' bash tests/run-with-docker.sh
+else
 	$(BIN)/pytest $(PYTEST_ARGS)
+endif
 
 # The Docker-backed part of the tests (issue 14) on the engine of DOCKER_HOST (`skewer services
 # up docker` starts one and prints the line to export): the local images, built or reused, then

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# `make test` with SKEWER_TEST_DOCKER=1, what .ci/run asks for (issue 14): every test, the live
+# path's integration tests and the compose stack on a Docker engine this run starts, the rest on
+# the native services; then the engine is taken down with everything it started.
+#
+#   1. In the background, niced: `skewer services up docker` (Debian's docker.io installed the
+#      first time, dockerd started, the Compose v2 plugin built from the Go module proxy) and
+#      `skewer images build --local` (the Debian base, the stand-ins and skewer:local, with the
+#      Kafka and Spark jars `make install` fetched). Cold, that is ~12 min of mostly downloads
+#      and Go's compiler: in series with the tests it would not fit CI's 30 minutes.
+#   2. Meanwhile, on the native services: every test but the live path's modules and the
+#      Docker-backed ones (`-m "not live_path and not docker"`).
+#   3. Then, on the engine: `-m "live_path or docker"`, as `make test-docker` runs them. The
+#      live path's modules run once, on containers: the native services carry the live path
+#      end to end in the demo, migration, cluster and fault tests of step 2, and running the
+#      modules on both would cost CI the minutes it does not have (tests/service_backends.py).
+#
+# Exit status: non-zero when either pass fails or the engine and images could not be made (the
+# last lines of their log are printed). An engine that answered before is someone else's: the
+# tests run on it and it is left alone (pipeline/services/docker_engine.py).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+# Make's $(PYTEST_ARGS), split by the shell's rules as make's own recipe splits it.
+eval "PYTEST_ARGS=(${PYTEST_ARGS:---timeout=900 --durations=30 --numprocesses 2 --dist loadfile})"
+RUN_DIR=${SKEWER_RUN_DIR:-.cache/run}
+PREPARE_LOG=$RUN_DIR/docker-prepare.log
+mkdir -p "$RUN_DIR"
+
+prepare_pid=""
+finish() {
+	local status=$?
+	if [[ -n $prepare_pid ]] && kill -0 "$prepare_pid" 2>/dev/null; then
+		kill -TERM -- "-$prepare_pid" 2>/dev/null || kill -TERM "$prepare_pid" 2>/dev/null
+		wait "$prepare_pid" 2>/dev/null
+	fi
+	if ! $BIN/skewer services down docker; then
+		echo "run-with-docker: the Docker engine did not stop cleanly" >&2
+		status=1
+	fi
+	exit "$status"
+}
+trap finish EXIT
+trap 'exit 130' INT TERM
+
+echo "run-with-docker: the Docker engine and the local images, in the background (log: $PREPARE_LOG)"
+set -m # the preparation gets a process group of its own, which finish() can stop whole
+(
+	started=$(date +%s)
+	nice -n 10 $BIN/skewer services up docker &&
+		nice -n 10 $BIN/skewer images build --local
+	status=$?
+	echo "run-with-docker: engine and images ready in $(($(date +%s) - started)) s (exit $status)"
+	exit $status
+) >"$PREPARE_LOG" 2>&1 &
+prepare_pid=$!
+set +m
+
+echo "run-with-docker: pass 1 of 2, the native services: every test but the live path's and Docker's"
+SKEWER_TEST_BACKEND=native $BIN/pytest "${PYTEST_ARGS[@]}" -m "not live_path and not docker"
+native_status=$?
+
+wait "$prepare_pid"
+prepare_status=$?
+prepare_pid=""
+tail -n 1 "$PREPARE_LOG"
+if ((prepare_status != 0)); then
+	echo "run-with-docker: the Docker engine or the local images could not be made; last lines of $PREPARE_LOG:" >&2
+	tail -n 20 "$PREPARE_LOG" >&2
+	exit 1
+fi
+
+echo "run-with-docker: pass 2 of 2, the Docker engine: the live path's tests on testcontainers, the compose stack"
+SKEWER_TEST_BACKEND=docker SKEWER_TEST_IMAGES=local $BIN/pytest "${PYTEST_ARGS[@]}" \
+	-m "live_path or docker" tests/integration
+docker_status=$?
+
+if ((native_status != 0 || docker_status != 0)); then
+	echo "run-with-docker: native pass exit $native_status, Docker pass exit $docker_status" >&2
+	exit 1
+fi
