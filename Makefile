@@ -62,12 +62,13 @@ endif
 
 # The Docker-backed part of the tests (issue 14) on the engine of DOCKER_HOST (`skewer services
 # up docker` starts one and prints the line to export): the local images, built or reused, then
-# the live path's integration tests on testcontainers with them, the Docker backend's own tests
-# and the compose stack end to end (tests/service_backends.py says which tests and why).
+# the live path's integration tests on testcontainers with them, the Docker backend's own tests,
+# compose's own check of the file and the stack end to end (tests/service_backends.py says which
+# tests and why).
 test-docker: install
 	$(BIN)/skewer images build --local
 	SKEWER_TEST_BACKEND=docker SKEWER_TEST_IMAGES=local $(BIN)/pytest $(PYTEST_ARGS) \
-		-m "live_path or docker" tests/integration
+		-m "live_path or docker" tests/integration tests/test_compose.py
 
 up: install
 	$(BIN)/skewer services up

@@ -72,7 +72,7 @@ fi
 
 echo "run-with-docker: pass 2 of 2, the Docker engine: the live path's tests on testcontainers, the compose stack"
 SKEWER_TEST_BACKEND=docker SKEWER_TEST_IMAGES=local $BIN/pytest "${PYTEST_ARGS[@]}" \
-	-m "live_path or docker" tests/integration
+	-m "live_path or docker" tests/integration tests/test_compose.py
 docker_status=$?
 
 if ((native_status != 0 || docker_status != 0)); then

@@ -33,8 +33,12 @@ test_worker_job, test_end_to_end, and Redis's own modules test_state_store and
 test_redis_prometheus_smoke. They exercise every broker and Redis feature the pipeline rests
 on (topics created with their partition count, explicit partitions, transactions and
 read_committed, exactly once across a kill -9, Lua scripts, databases per session), which is
-what differs between a native service and a container of another build. CI runs them on both
-(``make test-docker``); the rest runs on whichever backend the session chose.
+what differs between a native service and a container of another build. A ``make test`` without
+an engine runs them on the native services, ``make test-docker`` on containers. CI
+(``SKEWER_TEST_DOCKER=1 make test``, tests/run-with-docker.sh) runs them once, on containers,
+and everything else on the native services: the native services still carry the live path end
+to end there, in the demo, migration, cluster and fault tests, and a second pass of these
+modules would cost minutes CI's 30 do not have.
 
 Tests that need what only the native services have skip on the Docker backend, with the
 reason, through the ``native_only`` marker: the native services manager itself, killing a native
@@ -54,6 +58,7 @@ Example (no engine needed):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -65,7 +70,7 @@ from typing import TYPE_CHECKING, Any
 from live_runs import free_port
 
 from pipeline.io import config, probes
-from pipeline.services import docker_images, manager
+from pipeline.services import docker_images, manager, process
 
 if TYPE_CHECKING:
     import docker as docker_module
@@ -82,11 +87,78 @@ COMPOSE_FILE = config.PROJECT_ROOT / "docker-compose.yml"
 ENV_RYUK_DISABLED = "TESTCONTAINERS_RYUK_DISABLED"
 ENV_RYUK_IMAGE = "RYUK_CONTAINER_IMAGE"
 DEFAULT_RYUK_IMAGE = "testcontainers/ryuk:0.8.1"
-#: A label on every container of a Docker backend, naming the backend (the session's process id
-#: and a random part), so that what it left can be found (``docker ps --filter label=...``).
+#: A label on every container of a Docker backend, naming its test session (:func:`session_name`),
+#: so that what a killed session left can be found and removed (:func:`sweep_dead_sessions`).
 SESSION_LABEL = "skewer.test-session"
+#: Compose's label on what a stack creates, and the test stacks' project names (plus a session).
+COMPOSE_PROJECT_LABEL = "com.docker.compose.project"
+COMPOSE_TEST_PROJECT = "skewer-test-"
 #: How long a container may take to answer its probe.
 START_TIMEOUT = 120.0
+
+
+def session_name(pid: int | None = None) -> str:
+    """This test session's name on what it starts: ``{pid}-{start ticks}-{random}``, so that
+    a later session can tell whether the process that started it still lives (a pid alone may
+    have been reused)."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}-{process.start_ticks(pid)}-{uuid.uuid4().hex[:8]}"
+
+
+def session_alive(name: str) -> bool:
+    """Whether the test session ``name`` (:func:`session_name`) still runs on this machine; a
+    name of another form counts as alive, so nothing of unknown origin is removed.
+
+    >>> session_alive(session_name()), session_alive("999999999-1-abcdef12")
+    (True, False)
+    >>> session_alive("someone-elses")
+    True
+    """
+    parts = name.split("-")
+    if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return True
+    return process.start_ticks(int(parts[0])) == int(parts[1])
+
+
+def sweep_dead_sessions(client: docker_module.DockerClient) -> list[str]:
+    """Remove from a local engine what killed test sessions left: containers with
+    :data:`SESSION_LABEL` (testcontainers' Ryuk, which would remove them, is off where its image
+    is absent), and the containers, volumes and networks of compose test stacks
+    (``skewer-test-{session}``) whose session is gone. Returns what was removed, one line each;
+    called before a session starts its first container."""
+    from docker.errors import DockerException
+
+    removed = []
+    for container in client.containers.list(all=True, filters={"label": SESSION_LABEL}):
+        if not session_alive(container.labels.get(SESSION_LABEL, "")):
+            with contextlib.suppress(DockerException):
+                container.remove(force=True, v=True)
+                removed.append(f"container {container.name} of a killed test session")
+    compose = {"label": COMPOSE_PROJECT_LABEL}
+    found = [
+        *client.containers.list(all=True, filters=compose),
+        *client.volumes.list(filters=compose),
+        *client.networks.list(filters=compose),
+    ]
+    projects = {
+        (item.attrs.get("Labels") or item.attrs.get("Config", {}).get("Labels") or {}).get(
+            COMPOSE_PROJECT_LABEL, ""
+        )
+        for item in found
+    }
+    for project in sorted(p for p in projects if p.startswith(COMPOSE_TEST_PROJECT)):
+        if session_alive(project.removeprefix(COMPOSE_TEST_PROJECT)):
+            continue
+        selector = {"label": f"{COMPOSE_PROJECT_LABEL}={project}"}
+        with contextlib.suppress(DockerException):
+            for container in client.containers.list(all=True, filters=selector):
+                container.remove(force=True, v=True)
+            for network in client.networks.list(filters=selector):
+                network.remove()
+            for volume in client.volumes.list(filters=selector):
+                volume.remove(force=True)
+            removed.append(f"compose project {project} of a killed test session")
+    return removed
 
 
 class BackendError(Exception):
@@ -289,7 +361,8 @@ class DockerBackend:
         self._host: str | None = None
         self._kafka_bootstrap = ""
         #: The value of :data:`SESSION_LABEL` on this backend's containers.
-        self.session = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.session = session_name()
+        self._swept = False
 
     # -- the engine --------------------------------------------------------------------------
 
@@ -347,6 +420,10 @@ class DockerBackend:
         """Start ``container`` as the backend's ``service``, then wait until ``ready()``; if it
         fails to start, exits or does not get ready within :data:`START_TIMEOUT`, remove it
         and raise (a :class:`BackendError` of one line with its log's last line)."""
+        if not self._swept and self.host == "127.0.0.1":  # pids name this machine's processes
+            self._swept = True
+            for line in sweep_dead_sessions(self.client):
+                print(f"\nskewer tests: removed {line}")
         container.with_kwargs(labels={SESSION_LABEL: self.session})
         try:
             container.start()

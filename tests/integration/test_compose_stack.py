@@ -4,7 +4,9 @@ scrapes every skewer service and records the imbalance; nothing of the project i
 ``down -v``.
 
 What it runs, with Compose v2 and the file unchanged, under a project name of its own
-(``-p skewer-test-<random>``) and an env file of its own (the two passwords, random; a small run):
+(``-p skewer-test-<session>``, the session's pid, start time and a random part, so that a later
+session removes what a killed one left) and an env file of its own (the two passwords, random;
+a small run):
 
 1. ``docker compose ... build``: skewer's image from deploy/Dockerfile, with Docker's classic
    builder (``DOCKER_BUILDKIT=0``), the one ``skewer images build --local`` uses, so that the
@@ -46,6 +48,7 @@ into .cache/docker-config); skips with the reason otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -66,7 +69,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from service_backends import ENV_TEST_IMAGES, IMAGE_VARIABLES, docker_engine_answers
+from service_backends import (
+    COMPOSE_TEST_PROJECT,
+    ENV_TEST_IMAGES,
+    IMAGE_VARIABLES,
+    docker_engine_answers,
+    session_name,
+    sweep_dead_sessions,
+)
 
 from pipeline.io import config
 from pipeline.io.state_store import StateStore
@@ -432,7 +442,8 @@ def take_down(stack: Stack) -> Down:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackOutcome]:
     """The whole story of the module docstring, steps 1 to 5; the tests check what it saw."""
-    project = f"skewer-test-{uuid.uuid4().hex[:8]}"
+    # The session in the name lets a later session remove what a killed one left.
+    project = f"{COMPOSE_TEST_PROJECT}{session_name()}"
     address = free_loopback_address()
     password = secrets.token_hex(16)
     env_file = tmp_path_factory.mktemp("compose") / "stack.env"
@@ -454,6 +465,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackOutcome]:
     stack = Stack(project, env_file, address, password)
     outcome = StackOutcome(project)
     began = time.monotonic()
+    import docker
+
+    with contextlib.closing(docker.from_env(environment=ENVIRONMENT)) as client:
+        for line in sweep_dead_sessions(client):
+            print(f"\nskewer tests: removed {line}")
     try:
         stack.must("build", timeout=BUILD_TIMEOUT, env={"DOCKER_BUILDKIT": "0"})
         outcome.seconds["build"] = time.monotonic() - began

@@ -2,7 +2,8 @@
 session's own: a backend of the test's own starts a service from the configured image, publishes
 it on the loopback address, labels it, and removes it when closed; an image that is neither
 present nor pullable, and a container that exits at start, are one line each and leave no
-container behind (no Ryuk reaper here to take it away later).
+container behind (no Ryuk reaper here to take it away later); what a killed session left is
+removed by the next one, and nothing of a live session is.
 
 Runs on the docker backend only (``SKEWER_TEST_BACKEND=docker``, or an engine answering): the
 native backend has no containers to check.
@@ -10,16 +11,21 @@ native backend has no containers to check.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
 from service_backends import (
+    COMPOSE_PROJECT_LABEL,
+    COMPOSE_TEST_PROJECT,
     SESSION_LABEL,
     BackendError,
     DockerBackend,
     NativeBackend,
     ServiceImage,
     resolve_images,
+    session_name,
+    sweep_dead_sessions,
 )
 
 from pipeline.io import probes
@@ -96,3 +102,48 @@ def test_a_container_that_exits_at_start_is_removed_and_named_with_its_log(
     assert message.startswith(f"redis container ({image}) exited at start; its log ends: ")
     assert message.endswith("Bad directive or wrong number of arguments")  # Redis's last line
     assert containers_of(backend) == []
+
+
+def test_what_a_killed_session_left_is_swept_and_a_live_sessions_is_not(
+    backend: DockerBackend,
+) -> None:
+    """A container and a compose project's network named after a session whose process is
+    gone are removed; the same of a live session (this one) stay."""
+    import docker
+
+    client = docker.from_env()
+    dead, live = "999999999-1-deadbeef", session_name()
+    image = backend.require_image("redis")
+    made: list[Any] = []
+    try:
+        for session in (dead, live):
+            made.append(
+                client.containers.create(image, command=["true"], labels={SESSION_LABEL: session})
+            )
+            made.append(
+                client.networks.create(
+                    f"{COMPOSE_TEST_PROJECT}{session}_default",
+                    labels={COMPOSE_PROJECT_LABEL: f"{COMPOSE_TEST_PROJECT}{session}"},
+                )
+            )
+        removed = sweep_dead_sessions(client)
+        assert sorted(removed) == sorted(
+            [
+                "container " + made[0].name + " of a killed test session",
+                f"compose project {COMPOSE_TEST_PROJECT}{dead} of a killed test session",
+            ]
+        )
+        left = {c.id for c in client.containers.list(all=True)} | {
+            n.id for n in client.networks.list()
+        }
+        assert made[0].id not in left and made[1].id not in left
+        assert made[2].id in left and made[3].id in left
+    finally:
+        for item in made:
+            with contextlib.suppress(docker.errors.NotFound):
+                if isinstance(item, docker.models.containers.Container):
+                    item.remove(v=True)  # with the image's anonymous volumes
+                else:
+                    item.remove()
+        client.close()
+        backend.close()
