@@ -66,6 +66,23 @@ LATENCY_LOADS = (0.25, 0.5, 0.8, 1.2)
 LATENCY_SECONDS = 20.0
 #: Records of the saturating zero-cost run that measures the pipeline's own capacity.
 ZERO_COST_RECORDS = 400_000
+#: With a CPU cost, a micro-batch takes at most this long a share of the backlog (Spark's
+#: ``maxOffsetsPerTrigger`` = W x 10^6 / C x this): what a Spark user sets under a backlog. Without
+#: it the first micro-batch takes the whole backlog, the workers' counters move in a few jumps
+#: of hundreds of thousands of records, and no steady rate can be read from them.
+BATCH_SECONDS = 1.0
+
+
+def batch_limit(cpu_cost_us: float) -> int | None:
+    """Records per micro-batch under a CPU cost (:data:`BATCH_SECONDS` of the W workers'
+    even-load capacity); None (no limit) at zero cost.
+
+    >>> batch_limit(500.0), batch_limit(0.0)
+    (16000, None)
+    """
+    if cpu_cost_us <= 0:
+        return None
+    return int(WORKERS * 1e6 / cpu_cost_us * BATCH_SECONDS)
 
 
 @dataclass
@@ -323,6 +340,7 @@ def run(
         workload=WORKLOAD,
         cpu_cost_us=cpu_cost_us,
         spark_master=spark_master or settings.spark_master,
+        max_records_per_batch=batch_limit(cpu_cost_us),
     )
 
     def measured(plan: RunPlan, label: str) -> dict[str, Any]:
@@ -355,7 +373,13 @@ def run(
                 figures = measured(plan, f"{scheme} at {load:.0%}")
                 latency_rows.append({**figures, "load": load, "rate": rate})
         saturated = measured(
-            replace(base, scheme="pkg", records=ZERO_COST_RECORDS, cpu_cost_us=0.0),
+            replace(
+                base,
+                scheme="pkg",
+                records=ZERO_COST_RECORDS,
+                cpu_cost_us=0.0,
+                max_records_per_batch=batch_limit(0.0),
+            ),
             "pkg at zero cost, saturating",
         )
         capacity = saturated["steady_rate"] or saturated["throughput"]
@@ -365,6 +389,7 @@ def run(
                 base,
                 scheme="pkg",
                 cpu_cost_us=0.0,
+                max_records_per_batch=batch_limit(0.0),
                 rate=rate,
                 records=int(rate * LATENCY_SECONDS),
             ),

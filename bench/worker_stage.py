@@ -11,7 +11,9 @@ reads the whole topic, from the first offset to the last, with:
 
 - **Spark**: Structured Streaming ``groupBy(window(event_time, "10 seconds"), key).count()``,
   the event time decoded from the value in Spark SQL (bytes 5-12, little-endian), DATA records
-  only, Spark's own state store, ``trigger(availableNow=True)``, update mode, ``noop`` sink;
+  only, Spark's own state store, ``trigger(availableNow=True)``, update mode, ``noop`` sink,
+  and the Kafka consumer settings skewer's job has (read_committed, ``fetch.max.wait.ms`` of
+  :data:`pipeline.stages.worker_job.FETCH_MAX_WAIT_MS`);
 - **skewer**: :func:`pipeline.stages.worker_job.run` with ``until_end``, zero CPU cost, a
   fresh run id and checkpoint each time: the same job ``skewer work`` runs, state in Redis.
 
@@ -111,6 +113,9 @@ def spark_group_by_count(spark: SparkSession, bootstrap: str, topic: str) -> flo
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         .option("kafka.isolation.level", "read_committed")
+        # The consumer setting skewer's job runs with (worker_job.FETCH_MAX_WAIT_MS): without it
+        # each partition's trailing commit marker holds a fetch for Kafka's default 500 ms.
+        .option("kafka.fetch.max.wait.ms", str(worker_job.FETCH_MAX_WAIT_MS))
         .load()
     )
     # The value's bytes 5-12 are the event time, little-endian: hex, byte order reversed.

@@ -437,6 +437,16 @@ def warm_up(spark: SparkSession, tasks: int) -> None:
     spark.range(tasks, numPartitions=tasks).mapInArrow(_warm_up_task, "ready boolean").collect()
 
 
+#: How long the broker may hold a fetch of the job's Kafka consumers that finds no new records
+#: (Kafka's ``fetch.max.wait.ms``, 500 by default). A task reads known offset ranges, and under
+#: read_committed a range ends with the grouping stage's commit marker: fetching it while no
+#: newer record has been written waited the whole default, once per partition, one partition
+#: after another in a task (4 here). At the end of a stream that was 2 s a batch, and mid-stream
+#: up to the next transaction. Measured at zero cost, 25 % of capacity, pkg (steady p50/p99):
+#: 500 ms -> 631/2,818 ms; 100 -> 501/1,000; 20 -> 447/794; 5 -> 447/794.
+FETCH_MAX_WAIT_MS = 10
+
+
 @dataclass(frozen=True)
 class WorkOptions:
     """Everything the job needs (``skewer work``'s flags, resolved)."""
@@ -550,6 +560,7 @@ def start_query(
         .option("subscribe", options.work_topic)
         .option("startingOffsets", "earliest")
         .option("kafka.isolation.level", "read_committed")
+        .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
     )
     if options.max_records_per_batch is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(options.max_records_per_batch))
