@@ -103,7 +103,9 @@ class Trace:
             for elapsed, grouped, processed in self.samples
             if STEADY_FROM * records <= processed <= STEADY_UNTIL * records and grouped > processed
         ]
-        if len(steady) < 2 or steady[-1][0] <= steady[0][0]:
+        # Counters that did not move between the samples (a backlog taken in one micro-batch)
+        # say nothing about a rate.
+        if len(steady) < 2 or steady[-1][0] <= steady[0][0] or steady[-1][1] == steady[0][1]:
             return None
         return (steady[-1][1] - steady[0][1]) / (steady[-1][0] - steady[0][0])
 
@@ -306,7 +308,13 @@ def latency_markdown(
         lines += [
             "",
             f"Zero cost: the pipeline's capacity (pkg, saturating offer, {ZERO_COST_RECORDS:,} "
-            f"records) is a steady {_fmt(zero_cost['capacity'], ',.0f')} records/s; at 25 % of "
+            f"records) is {_fmt(zero_cost['capacity'], ',.0f')} records/s ("
+            + (
+                "its steady rate"
+                if zero_cost.get("capacity_is_steady")
+                else "its throughput: the workers' counters gave no steady rate"
+            )
+            + "); at 25 % of "
             f"it ({zero_cost['rate']:,.0f} records/s offered) p50 = "
             f"{_fmt(zero_cost['steady_p50_ms'], ',.0f')} ms and p99 = "
             f"{_fmt(zero_cost['steady_p99_ms'], ',.0f')} ms (target: p50 <= 500 ms, "
@@ -395,7 +403,12 @@ def run(
             ),
             "pkg at zero cost, 25 %",
         )
-        zero_cost = {**quarter, "capacity": capacity, "rate": rate}
+        zero_cost = {
+            **quarter,
+            "capacity": capacity,
+            "capacity_is_steady": bool(saturated["steady_rate"]),
+            "rate": rate,
+        }
         body += "\n" + latency_markdown(latency_rows, cpu_cost_us, zero_cost)
     body = f"Load average (1, 5, 15 min) when the run started: {load_average}.\n\n" + body
     return ExperimentResult(

@@ -12,8 +12,10 @@ reads the whole topic, from the first offset to the last, with:
 - **Spark**: Structured Streaming ``groupBy(window(event_time, "10 seconds"), key).count()``,
   the event time decoded from the value in Spark SQL (bytes 5-12, little-endian), DATA records
   only, Spark's own state store, ``trigger(availableNow=True)``, update mode, ``noop`` sink,
-  and the Kafka consumer settings skewer's job has (read_committed, ``fetch.max.wait.ms`` of
-  :data:`pipeline.stages.worker_job.FETCH_MAX_WAIT_MS`);
+  and the settings skewer's job has: the Kafka consumer's (read_committed, ``fetch.max.wait.ms``
+  of :data:`pipeline.stages.worker_job.FETCH_MAX_WAIT_MS`) and the checkpoint's log writer
+  (:data:`pipeline.stages.worker_job.CHECKPOINT_FILE_MANAGER`), which speed Spark's query as
+  much as skewer's;
 - **skewer**: :func:`pipeline.stages.worker_job.run` with ``until_end``, zero CPU cost, a
   fresh run id and checkpoint each time: the same job ``skewer work`` runs, state in Redis.
 
@@ -107,6 +109,10 @@ def spark_group_by_count(spark: SparkSession, bootstrap: str, topic: str) -> flo
     """Seconds Spark's own windowed count takes over the whole topic (availableNow)."""
     from pyspark.sql import functions
 
+    # Like for like: the checkpoint's log writer skewer's job sets (worker_job.start_query).
+    spark.conf.set(
+        "spark.sql.streaming.checkpointFileManagerClass", worker_job.CHECKPOINT_FILE_MANAGER
+    )
     frame = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
