@@ -27,6 +27,8 @@ help:
 	@echo "make demo     install, start the native services, run the demo (skewer demo $(DEMO_ARGS))"
 	@echo "make test     install, run every test (integration tests start the services they need"
 	@echo "              and stop the ones they started)"
+	@echo "SKEWER_TEST_DOCKER=1 make test  (what CI runs) also a Docker engine, the local images"
+	@echo "              and the Docker-backed tests on them; the engine is stopped afterwards"
 	@echo "make test-docker  the Docker-backed tests on the engine of DOCKER_HOST, local images"
 	@echo "make install  only the installs;  make up | down | status  the native services"
 
