@@ -61,6 +61,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Mapping, MutableMapping
@@ -70,7 +72,7 @@ from typing import TYPE_CHECKING, Any
 from live_runs import free_port
 
 from pipeline.io import config, probes
-from pipeline.services import docker_images, manager, process
+from pipeline.services import docker_engine, docker_images, manager, process
 
 if TYPE_CHECKING:
     import docker as docker_module
@@ -226,6 +228,26 @@ def docker_engine_answers(timeout: float = 2.0) -> tuple[bool, str]:
     except Exception as error:  # the SDK raises many kinds: missing socket, refused, timeout
         return False, f"no Docker engine answered at {where} ({type(error).__name__})"
     return True, f"a Docker engine answered at {where}"
+
+
+def compose_command_environment(environ: Mapping[str, str]) -> dict[str, str] | None:
+    """``environ`` as ``docker compose`` works under it: with its own DOCKER_CONFIG, else with
+    the checkout's (where ``skewer services up docker`` builds the plugin); None without a
+    ``docker`` command or a plugin. Compose's own commands need no engine."""
+    docker = shutil.which("docker")
+    if docker is None:
+        return None
+    candidates = [dict(environ)]
+    plugin = docker_engine.compose_plugin_path(config.load())
+    if plugin.exists():
+        candidates.append({**environ, "DOCKER_CONFIG": str(plugin.parent.parent)})
+    for candidate in candidates:
+        probe = subprocess.run(
+            [docker, "compose", "version"], env=candidate, capture_output=True, check=False
+        )
+        if probe.returncode == 0:
+            return candidate
+    return None
 
 
 def choose_backend(environ: Mapping[str, str] | None = None) -> tuple[str, str]:

@@ -52,11 +52,12 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from service_backends import compose_command_environment
 
 from pipeline.cli import demo
 from pipeline.cli.app import build_parser
 from pipeline.io import config, kafka_io, spark_session
-from pipeline.services import docker_engine, docker_images, spark_standalone
+from pipeline.services import docker_images, spark_standalone
 from pipeline.services.redis_server import RedisService
 from pipeline.stages import grouping
 from producers.workloads import DEFAULT_WORKLOAD
@@ -1428,43 +1429,30 @@ def test_dockerfile_paths_agree_with_the_config_and_the_volumes(compose: dict[st
 # --- docker compose itself, when it is installed ------------------------------------------------
 
 
-def _compose_config_directory() -> str | None:
-    """The DOCKER_CONFIG under which ``docker compose`` runs: the caller's, else the checkout's
-    (where ``skewer services up docker`` builds the plugin); None without a plugin."""
-    if shutil.which("docker") is None:
-        return None
-    plugin = docker_engine.compose_plugin_path(config.load())
-    candidates = [os.environ.get("DOCKER_CONFIG", ""), str(plugin.parent.parent)]
-    for candidate in candidates:
-        env = {"PATH": os.environ["PATH"], **({"DOCKER_CONFIG": candidate} if candidate else {})}
-        probe = subprocess.run(
-            ["docker", "compose", "version"], env=env, capture_output=True, check=False
-        )
-        if probe.returncode == 0:
-            return candidate
-    return None
+# Compose's check of the file: PATH, the caller's DOCKER_CONFIG or the checkout's, and nothing
+# else of the environment (a user's .env variables must not fill the file's gaps).
+COMPOSE_ENVIRONMENT = compose_command_environment(
+    {"PATH": os.environ["PATH"]}
+    | {name: os.environ[name] for name in ("DOCKER_CONFIG",) if name in os.environ}
+)
 
 
 # Marked docker: CI runs it in the pass that has built the plugin (tests/run-with-docker.sh).
 @pytest.mark.docker
 @pytest.mark.skipif(
-    _compose_config_directory() is None,
+    COMPOSE_ENVIRONMENT is None,
     reason="no docker compose plugin (`skewer services install --docker` builds one)",
 )
 @pytest.mark.parametrize("profiles", [[], sorted(PROFILES)])
 def test_docker_compose_config_accepts_the_file(profiles: list[str]) -> None:
+    assert COMPOSE_ENVIRONMENT is not None
     flags = [word for profile in profiles for word in ("--profile", profile)]
-    directory = _compose_config_directory()
     result = subprocess.run(
         ["docker", "compose", "-f", str(COMPOSE_FILE), *flags, "config", "-q"],
         capture_output=True,
         text=True,
         check=False,
-        env={
-            "PATH": os.environ["PATH"],
-            **({"DOCKER_CONFIG": directory} if directory else {}),
-            **TEST_SECRETS,
-        },
+        env={**COMPOSE_ENVIRONMENT, **TEST_SECRETS},
     )
     assert result.returncode == 0, result.stderr
 

@@ -73,6 +73,7 @@ from service_backends import (
     COMPOSE_TEST_PROJECT,
     ENV_TEST_IMAGES,
     IMAGE_VARIABLES,
+    compose_command_environment,
     docker_engine_answers,
     session_name,
     sweep_dead_sessions,
@@ -81,7 +82,7 @@ from service_backends import (
 from pipeline.io import config
 from pipeline.io.state_store import StateStore
 from pipeline.runs.verify import RunVerification, verify_run
-from pipeline.services import docker_engine, docker_images
+from pipeline.services import docker_images
 
 COMPOSE_FILE = config.PROJECT_ROOT / "docker-compose.yml"
 SKEWER = str(Path(sys.executable).with_name("skewer"))
@@ -115,19 +116,11 @@ def compose_environment() -> tuple[dict[str, str], str]:
     answers, reason = docker_engine_answers()
     if not answers:
         return env, reason
-    docker = shutil.which("docker")
-    if docker is None:
+    if shutil.which("docker") is None:
         return env, "no docker command on PATH"
-    candidates = [env]
-    plugin = docker_engine.compose_plugin_path(config.load())
-    if plugin.exists():
-        candidates.append({**env, "DOCKER_CONFIG": str(plugin.parent.parent)})
-    for candidate in candidates:
-        probe = subprocess.run(
-            [docker, "compose", "version"], env=candidate, capture_output=True, check=False
-        )
-        if probe.returncode == 0:
-            return candidate, ""
+    found = compose_command_environment(env)
+    if found is not None:
+        return found, ""
     return env, (
         "the Docker Compose plugin is missing (`skewer services up docker` builds it into "
         ".cache/docker-config)"
