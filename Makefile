@@ -20,6 +20,9 @@ DEMO_ARGS ?= --scheme pkg --records 100000 --verify
 # out in xdist's order (most tests first), which mixes the JVM-heavy modules with light ones:
 # handing out the longest first put the two heaviest side by side and took 37 s longer.
 PYTEST_ARGS ?= --timeout=900 --durations=30 --numprocesses 2 --dist loadfile
+# The Docker-backed tests (tests/service_backends.py says which and why), run by test-docker and
+# by the Docker pass of `SKEWER_TEST_DOCKER=1 make test`.
+DOCKER_TESTS := -m "live_path or docker" tests/integration tests/test_compose.py
 
 .PHONY: help install system-packages python-env jars demo test test-docker up down status lint
 
@@ -57,7 +60,7 @@ demo: install
 # and runs the live path's tests and the compose stack on it (tests/run-with-docker.sh).
 test: install
 ifeq ($(SKEWER_TEST_DOCKER),1)
-	PYTEST_ARGS='$(PYTEST_ARGS)' bash tests/run-with-docker.sh
+	PYTEST_ARGS='$(PYTEST_ARGS)' DOCKER_TESTS='$(DOCKER_TESTS)' bash tests/run-with-docker.sh
 else
 	$(BIN)/pytest $(PYTEST_ARGS)
 endif
@@ -69,8 +72,7 @@ endif
 # tests and why).
 test-docker: install
 	$(BIN)/skewer images build --local
-	SKEWER_TEST_BACKEND=docker SKEWER_TEST_IMAGES=local $(BIN)/pytest $(PYTEST_ARGS) \
-		-m "live_path or docker" tests/integration tests/test_compose.py
+	SKEWER_TEST_BACKEND=docker SKEWER_TEST_IMAGES=local $(BIN)/pytest $(PYTEST_ARGS) $(DOCKER_TESTS)
 
 up: install
 	$(BIN)/skewer services up

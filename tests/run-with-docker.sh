@@ -10,7 +10,7 @@
 #      and Go's compiler: in series with the tests it would not fit CI's 30 minutes.
 #   2. Meanwhile, on the native services: every test but the live path's modules and the
 #      Docker-backed ones (`-m "not live_path and not docker"`).
-#   3. Then, on the engine: `-m "live_path or docker"`, as `make test-docker` runs them. The
+#   3. Then, on the engine: make's $(DOCKER_TESTS), as `make test-docker` runs them. The
 #      live path's modules run once, on containers: the native services carry the live path
 #      end to end in the demo, migration, cluster and fault tests of step 2, and running the
 #      modules on both would cost CI the minutes it does not have (tests/service_backends.py).
@@ -21,8 +21,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
-# Make's $(PYTEST_ARGS), split by the shell's rules as make's own recipe splits it.
-eval "PYTEST_ARGS=(${PYTEST_ARGS:---timeout=900 --durations=30 --numprocesses 2 --dist loadfile})"
+# Make's $(PYTEST_ARGS) and $(DOCKER_TESTS), split by the shell's rules as make's recipes split
+# them (`make test` passes both).
+eval "PYTEST_ARGS=(${PYTEST_ARGS:?run by make test})"
+eval "DOCKER_TESTS=(${DOCKER_TESTS:?run by make test})"
 RUN_DIR=${SKEWER_RUN_DIR:-.cache/run}
 PREPARE_LOG=$RUN_DIR/docker-prepare.log
 mkdir -p "$RUN_DIR"
@@ -71,8 +73,7 @@ if ((prepare_status != 0)); then
 fi
 
 echo "run-with-docker: pass 2 of 2, the Docker engine: the live path's tests on testcontainers, the compose stack"
-SKEWER_TEST_BACKEND=docker SKEWER_TEST_IMAGES=local $BIN/pytest "${PYTEST_ARGS[@]}" \
-	-m "live_path or docker" tests/integration tests/test_compose.py
+SKEWER_TEST_BACKEND=docker SKEWER_TEST_IMAGES=local $BIN/pytest "${PYTEST_ARGS[@]}" "${DOCKER_TESTS[@]}"
 docker_status=$?
 
 if ((native_status != 0 || docker_status != 0)); then
