@@ -27,11 +27,19 @@ eval "PYTEST_ARGS=(${PYTEST_ARGS:?run by make test})"
 eval "DOCKER_TESTS=(${DOCKER_TESTS:?run by make test})"
 RUN_DIR=${SKEWER_RUN_DIR:-.cache/run}
 PREPARE_LOG=$RUN_DIR/docker-prepare.log
+# The native pass's output is kept: CI shows the tail of a run, where the Docker pass's summary
+# would hide which native test failed, so that pass's short summary is printed again at the end.
+NATIVE_LOG=$RUN_DIR/native-pass.log
 mkdir -p "$RUN_DIR"
 
 prepare_pid=""
+native_status=0
 finish() {
 	local status=$?
+	if ((native_status != 0)); then
+		echo "run-with-docker: the native pass failed; its summary again (whole output: $NATIVE_LOG):" >&2
+		sed -n '/short test summary info/,$p' "$NATIVE_LOG" >&2
+	fi
 	if [[ -n $prepare_pid ]] && kill -0 "$prepare_pid" 2>/dev/null; then
 		kill -TERM -- "-$prepare_pid" 2>/dev/null || kill -TERM "$prepare_pid" 2>/dev/null
 		wait "$prepare_pid" 2>/dev/null
@@ -59,8 +67,9 @@ prepare_pid=$!
 set +m
 
 echo "run-with-docker: pass 1 of 2, the native services: every test but the live path's and Docker's"
-SKEWER_TEST_BACKEND=native $BIN/pytest "${PYTEST_ARGS[@]}" -m "not live_path and not docker"
-native_status=$?
+SKEWER_TEST_BACKEND=native $BIN/pytest "${PYTEST_ARGS[@]}" -m "not live_path and not docker" 2>&1 |
+	tee "$NATIVE_LOG"
+native_status=${PIPESTATUS[0]}
 
 wait "$prepare_pid"
 prepare_status=$?
