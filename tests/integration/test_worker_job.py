@@ -34,7 +34,7 @@ import pytest
 from pipeline.io import kafka_io, records
 from pipeline.io.state_store import StateStore, key_bytes
 from pipeline.stages.aggregator import AggregateOptions, Aggregator, KafkaPublisher
-from pipeline.stages.worker_job import WorkOptions
+from pipeline.stages.worker_job import TaskSummary, WorkOptions
 from pipeline.stages.worker_job import run as run_worker_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.live_path]
@@ -206,13 +206,19 @@ def test_workers_and_aggregator_count_exactly(
         tasks=tasks,
     )
     tasks_per_batch: list[list[int]] = []
-    summary = run_worker_job(
-        options, spark, on_batch=lambda _, rows: tasks_per_batch.append([r[0] for r in rows])
-    )
+    task_batch_ids: list[tuple[int, set[int]]] = []
+
+    def on_batch(batch_id: int, rows: list[TaskSummary]) -> None:
+        tasks_per_batch.append([row.worker for row in rows])
+        task_batch_ids.append((batch_id, {row.batch_id for row in rows}))
+
+    summary = run_worker_job(options, spark, on_batch=on_batch)
     assert summary.finished
     assert summary.processed == written.per_worker
     # One summary per worker per micro-batch: never two tasks on one partition.
     assert tasks_per_batch and all(len(set(t)) == len(t) for t in tasks_per_batch)
+    # The tasks applied under the id foreachBatch got (they read it from their task context).
+    assert all(ids == {batch_id} for batch_id, ids in task_batch_ids if ids)
     assert len(tasks_per_batch) >= 3  # 12,000 records at <= 4,000 per batch
 
     store = StateStore(redis, run_names.run_id)
