@@ -4,11 +4,13 @@
 ``bench/experiments`` (or the named ones) and writes ``<name>.md`` (headed by the command and
 the machine), its PNG figures and its data as JSON. ``skewer bench speed`` measures routing,
 simulation and planning speed into ``speed.md``. ``skewer bench worker`` races the worker stage
-against Spark's own windowed count into ``worker_stage.md``. ``skewer bench e2e`` runs the live
-pipeline once per live scheme (services must answer) into ``end_to_end.md``; ``skewer bench
-migration`` runs each routing-table scheme live with its controller, and in the simulator, into
-``migration.md``. ``skewer bench scale`` runs the workers on 1, 2 and 4 Spark executors and the
-grouping stage on topics of 1 and 3 replicas into ``scale.md``. ``--out DIR`` writes elsewhere.
+against Spark's own windowed count into ``worker_stage.md``; ``skewer bench latency`` measures
+its latency under a paced stream, with and without two of its settings, into
+``worker_latency.md``. ``skewer bench e2e`` runs the live pipeline once per live scheme
+(services must answer) into ``end_to_end.md``; ``skewer bench migration`` runs each
+routing-table scheme live with its controller, and in the simulator, into ``migration.md``.
+``skewer bench scale`` runs the workers on 1, 2 and 4 Spark executors and the grouping stage on
+topics of 1 and 3 replicas into ``scale.md``. ``--out DIR`` writes elsewhere.
 """
 
 from __future__ import annotations
@@ -47,6 +49,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     worker.add_argument("--rounds", type=int, default=3, help="measured pairs (3)")
     worker.add_argument("--out", type=Path, help="output directory (default bench/results)")
     worker.set_defaults(handler=run_worker)
+    latency = commands.add_parser(
+        "latency", help="the worker stage's latency at a paced rate, with and without its settings"
+    )
+    latency.add_argument("--rate", type=float, default=14_000.0, help="records/s offered (14000)")
+    latency.add_argument("--seconds", type=float, default=20.0, help="per run (20)")
+    latency.add_argument("--rounds", type=int, default=2, help="rounds of every setting (2)")
+    latency.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    latency.set_defaults(handler=run_latency)
     own = commands.add_parser(
         "own-topic", help="the grouping stage on a JSON and a bytes topic vs skewer's format"
     )
@@ -156,6 +166,27 @@ def run_worker(args: argparse.Namespace) -> int:
         result = worker_stage.run(records_count=args.records, rounds=args.rounds, log=_log)
     except ValueError as error:
         raise UsageError(str(error)) from None
+    return _write(result, args.out, command, time.perf_counter() - began)
+
+
+def run_latency(args: argparse.Namespace) -> int:
+    from bench import worker_latency
+    from pipeline.cli.arguments import UsageError, require_at_least
+
+    require_at_least(1, ("--rounds", args.rounds))
+    if not (args.rate > 0 and args.seconds > 0):
+        raise UsageError("--rate and --seconds must be > 0")
+    command = _command(
+        args,
+        "--rate",
+        f"{args.rate:g}",
+        "--seconds",
+        f"{args.seconds:g}",
+        "--rounds",
+        str(args.rounds),
+    )
+    began = time.perf_counter()
+    result = worker_latency.run(rate=args.rate, seconds=args.seconds, rounds=args.rounds, log=_log)
     return _write(result, args.out, command, time.perf_counter() - began)
 
 

@@ -53,6 +53,7 @@ import numpy as np
 
 from bench.experiment import ExperimentResult
 from operators import registry
+from operators.keys import KeyBatch
 from operators.windows import count_per_window_key
 from pipeline.io import config, kafka_io, records
 from pipeline.io.state_store import StateStore
@@ -75,27 +76,29 @@ TARGET_RATIO = 1.0
 Expected = dict[tuple[int, bytes], int]
 
 
-def prefill(bootstrap: str, topic: str, n: int) -> Expected:
-    """Write ``n`` PKG-routed DATA records and END_OF_STREAM on every partition of ``topic``."""
-    from confluent_kafka import Producer
-
+def routed_keys(n: int) -> tuple[KeyBatch, np.ndarray]:
+    """The first ``n`` keys of :data:`WORKLOAD` and the worker PKG routes each to."""
     keys = workloads.parse(f"{WORKLOAD},n={n}").keys()
-    destinations = registry.create("pkg", WORKERS).route(keys)
-    inputs = np.zeros(n, dtype=records.INPUT_DTYPE)
+    return keys, registry.create("pkg", WORKERS).route(keys)
+
+
+def work_values(event_time_ms: np.ndarray, first_seq: int = 0) -> list[bytes]:
+    """skewer's 36-byte DATA values (source 0) with these event times."""
+    inputs = np.zeros(event_time_ms.shape[0], dtype=records.INPUT_DTYPE)
     inputs["magic"] = records.MAGIC
     inputs["version"] = records.VERSION
-    inputs["event_time_ms"] = EVENT_START_MS + np.arange(n) * EVENT_SPAN_MS // n
-    inputs["seq"] = np.arange(n)
-    values = records.encode_work(inputs, source=0, table_version=0)
-    kafka_io.ensure_topic(bootstrap, topic, WORKERS)
-    producer = Producer(kafka_io.producer_config(bootstrap))
-    for key, value, worker in zip(keys.to_list(), values, destinations.tolist(), strict=True):
-        kafka_io.produce_blocking(producer, topic, value, key, worker)
-    end = records.encode_marker(records.Kind.WATERMARK, source=0, time_ms=records.END_OF_STREAM)
-    for worker in range(WORKERS):
-        kafka_io.produce_blocking(producer, topic, end, b"", worker)
-    producer.flush()
-    counted = count_per_window_key(keys, records.window_start(inputs["event_time_ms"], WINDOW_MS))
+    inputs["event_time_ms"] = event_time_ms
+    inputs["seq"] = first_seq + np.arange(event_time_ms.shape[0])
+    return records.encode_work(inputs, source=0, table_version=0)
+
+
+def end_of_stream() -> bytes:
+    """The END_OF_STREAM marker of the only source, written to every partition at the end."""
+    return records.encode_marker(records.Kind.WATERMARK, source=0, time_ms=records.END_OF_STREAM)
+
+
+def expected_counts(keys: KeyBatch, event_time_ms: np.ndarray) -> Expected:
+    counted = count_per_window_key(keys, records.window_start(event_time_ms, WINDOW_MS))
     return dict(
         zip(
             zip(counted.windows.tolist(), counted.keys.to_list(), strict=True),
@@ -105,14 +108,29 @@ def prefill(bootstrap: str, topic: str, n: int) -> Expected:
     )
 
 
+def prefill(bootstrap: str, topic: str, n: int) -> Expected:
+    """Write ``n`` PKG-routed DATA records and END_OF_STREAM on every partition of ``topic``."""
+    from confluent_kafka import Producer
+
+    keys, destinations = routed_keys(n)
+    event_times = EVENT_START_MS + np.arange(n) * EVENT_SPAN_MS // n
+    values = work_values(event_times)
+    kafka_io.ensure_topic(bootstrap, topic, WORKERS)
+    producer = Producer(kafka_io.producer_config(bootstrap))
+    for key, value, worker in zip(keys.to_list(), values, destinations.tolist(), strict=True):
+        kafka_io.produce_blocking(producer, topic, value, key, worker)
+    for worker in range(WORKERS):
+        kafka_io.produce_blocking(producer, topic, end_of_stream(), b"", worker)
+    producer.flush()
+    return expected_counts(keys, event_times)
+
+
 def spark_group_by_count(spark: SparkSession, bootstrap: str, topic: str) -> float:
     """Seconds Spark's own windowed count takes over the whole topic (availableNow)."""
     from pyspark.sql import functions
 
     # Like for like: the checkpoint's log writer skewer's job sets (worker_job.start_query).
-    spark.conf.set(
-        "spark.sql.streaming.checkpointFileManagerClass", worker_job.CHECKPOINT_FILE_MANAGER
-    )
+    spark.conf.set(worker_job.CHECKPOINT_FILE_MANAGER_CONF, worker_job.CHECKPOINT_FILE_MANAGER)
     frame = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)

@@ -486,18 +486,19 @@ def warm_up(spark: SparkSession, tasks: int) -> None:
 #: read_committed a range ends with the grouping stage's commit marker: fetching it while no
 #: newer record has been written waited the whole default, once per partition, one partition
 #: after another in a task (4 here). At the end of a stream that was 2 s a batch, and mid-stream
-#: up to the next transaction. Measured at zero cost, 25 % of capacity, pkg (steady p50/p99):
-#: 500 ms -> 631/2,818 ms; 100 -> 501/1,000; 20 -> 447/794; 5 -> 447/794.
+#: up to the next transaction. ``skewer bench latency`` (bench/results/worker_latency.md) runs
+#: the job with Kafka's default beside this: p99 4.4x this one's at 14,000 records/s.
 FETCH_MAX_WAIT_MS = 10
 #: How Spark writes the query's offset and commit logs (``spark.sql.streaming.
-#: checkpointFileManagerClass``). Its default, through Hadoop's FileContext, took 57 and 102 ms
-#: a micro-batch here for two small files; through Hadoop's FileSystem 23 and 23 ms (zero cost,
-#: 14,000 records/s, p50 of 40 batches), and a batch cycle of 343 ms instead of 432. Both write a
-#: temporary file and rename it into place, and the checkpoint is a local folder, where a rename
-#: is atomic: a kill -9 leaves a temporary file, never half a log entry.
+#: checkpointFileManagerClass``). Its default, through Hadoop's FileContext, took 3.7x as long
+#: for these two small files as Hadoop's FileSystem does, and made the batch cycle 1.4x as long
+#: (``skewer bench latency``, as above). Both write a temporary file and rename it into place,
+#: and the checkpoint is a local folder, where a rename is atomic: a kill -9 leaves a temporary
+#: file, never half a log entry.
 CHECKPOINT_FILE_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 )
+CHECKPOINT_FILE_MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
 
 
 @dataclass(frozen=True)
@@ -521,6 +522,11 @@ class WorkOptions:
     tasks: int | None = None
     #: ``local`` (threads of this process, one per task) or a cluster's master URL.
     spark_master: str = config.DEFAULT_SPARK_MASTER
+    #: Kafka's ``fetch.max.wait.ms`` for the query's consumers (``skewer bench latency``
+    #: measures it against Kafka's default).
+    fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS
+    #: How Spark writes the query's logs; None: Spark's default (as for ``fetch_max_wait_ms``).
+    checkpoint_file_manager: str | None = CHECKPOINT_FILE_MANAGER
 
     @property
     def task_count(self) -> int:
@@ -539,6 +545,8 @@ class WorkOptions:
             raise WorkerConfigError(f"--cpu-cost-us must be >= 0, got {self.cpu_cost_us}")
         if self.max_records_per_batch is not None and self.max_records_per_batch < 1:
             raise WorkerConfigError("--max-records-per-batch must be >= 1")
+        if self.fetch_max_wait_ms < 0:
+            raise WorkerConfigError(f"fetch.max.wait.ms must be >= 0, got {self.fetch_max_wait_ms}")
         if self.tasks is not None and not 1 <= self.tasks <= self.workers:
             raise WorkerConfigError(f"--tasks must be in 1..W={self.workers}, got {self.tasks}")
         try:
@@ -607,14 +615,17 @@ def start_query(
     from pyspark.sql import functions
 
     # Read when the query starts; the checkpoint is a local folder (WorkOptions.checkpoint).
-    spark.conf.set("spark.sql.streaming.checkpointFileManagerClass", CHECKPOINT_FILE_MANAGER)
+    if options.checkpoint_file_manager is None:
+        spark.conf.unset(CHECKPOINT_FILE_MANAGER_CONF)
+    else:
+        spark.conf.set(CHECKPOINT_FILE_MANAGER_CONF, options.checkpoint_file_manager)
     reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", options.kafka_bootstrap)
         .option("subscribe", options.work_topic)
         .option("startingOffsets", "earliest")
         .option("kafka.isolation.level", "read_committed")
-        .option("kafka.fetch.max.wait.ms", str(FETCH_MAX_WAIT_MS))
+        .option("kafka.fetch.max.wait.ms", str(options.fetch_max_wait_ms))
     )
     if options.max_records_per_batch is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(options.max_records_per_batch))

@@ -240,6 +240,7 @@ def test_work_options_validation(tmp_path) -> None:
         dict(workers=2, cpu_cost_us=-1),
         dict(workers=2, max_records_per_batch=0),
         dict(workers=2, spark_master="spark://no-port"),
+        dict(workers=2, fetch_max_wait_ms=-1),
     ):
         with pytest.raises(WorkerJobError):
             WorkOptions(**bad, **base).validate()  # type: ignore[arg-type]
