@@ -49,9 +49,17 @@ NODES = [node_name(node) for node in range(1, config.KAFKA_CLUSTER_NODES + 1)]
 
 def cluster_environ(settings: config.Settings, run_dir: Path) -> dict[str, str]:
     """The environment of a cluster of the test's own: node i on ports base + 2(i - 1) (client)
-    and base + 2(i - 1) + 1 (controller), Spark's standalone master on the next four."""
-    base = free_ports(2 * config.KAFKA_CLUSTER_NODES + 4)
-    brokers = [f"127.0.0.1:{base + 2 * i}" for i in range(config.KAFKA_CLUSTER_NODES)]
+    and base + 2(i - 1) + 1 (controller), Spark's standalone master on the next four, and a
+    Prometheus of its own on the port after them.
+
+    Redis is the session's (it answers, so ``services up`` leaves it alone). Prometheus must not
+    be: ``services up`` starts one where none answers, and on the session's default port that
+    one would be taken for the session's by a test module running beside this one, which would
+    then lose it at this test's ``services down``: test_dashboard_queries and test_metrics_live
+    failed with "connection refused" that way when the two ran side by side."""
+    nodes = config.KAFKA_CLUSTER_NODES
+    base = free_ports(2 * nodes + 5)
+    brokers = [f"127.0.0.1:{base + 2 * i}" for i in range(nodes)]
     return {
         **os.environ,
         **settings.environ(),
@@ -59,7 +67,8 @@ def cluster_environ(settings: config.Settings, run_dir: Path) -> dict[str, str]:
         config.ENV_KAFKA_BOOTSTRAP: ",".join(brokers),
         config.ENV_KAFKA_CONTROLLER: f"127.0.0.1:{base + 1}",
         # The master, its web UI and two workers' UIs: the ports after the cluster's.
-        config.ENV_SPARK_STANDALONE: f"127.0.0.1:{base + 2 * config.KAFKA_CLUSTER_NODES}",
+        config.ENV_SPARK_STANDALONE: f"127.0.0.1:{base + 2 * nodes}",
+        config.ENV_PROMETHEUS_URL: f"http://127.0.0.1:{base + 2 * nodes + 4}",
     }
 
 
