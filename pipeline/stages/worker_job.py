@@ -337,8 +337,8 @@ class PartitionProcessor:
     several workers takes as long as its heaviest one, exactly as separate machines would.
     Yields one :class:`TaskSummary` row (as an Arrow batch) per worker with records.
 
-    ``batch_id`` is the micro-batch's, by default the one of the Spark task that calls it
-    (:func:`streaming_batch_id`): the query is planned once, not once per batch.
+    It is built once, with the query: each call reads its micro-batch's id from the Spark task
+    that makes it (:func:`streaming_batch_id`).
     """
 
     n_workers: int
@@ -347,7 +347,6 @@ class PartitionProcessor:
     cpu_cost_us: float
     redis_url: str
     run_id: str
-    batch_id: int | None = None
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         clock = _PhaseClock()
@@ -355,7 +354,7 @@ class PartitionProcessor:
         read_seconds = clock.lap()
         if not arrived:
             return
-        batch_id = streaming_batch_id() if self.batch_id is None else self.batch_id
+        batch_id = streaming_batch_id()
         store = _store(self.redis_url, self.run_id)
         amounts = _amounts(store, self.redis_url)
         table = pa.Table.from_batches(arrived)
