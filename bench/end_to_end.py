@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bench.experiment import ExperimentResult, docstring_markdown
+from bench.experiment import ExperimentResult, docstring_markdown, or_dash, ratio_or_dash
 
 LIVE_SCHEMES = ("key", "shuffle", "pkg", "d-choices", "w-choices", "fish", "consistent")
 WORKLOAD = "zipf:z=1.2,keys=100000,seed=0"
@@ -178,14 +178,6 @@ def row(summary: Any, trace: Trace | None = None) -> dict[str, Any]:
     }
 
 
-def _ratio(value: float | None, base: float | None) -> str:
-    return f"{value / base:.2f}" if value and base else "-"
-
-
-def _fmt(value: float | None, pattern: str) -> str:
-    return "-" if value is None else format(value, pattern)
-
-
 def markdown(rows: Sequence[dict[str, Any]], records: int, cpu_cost_us: float) -> str:
     """The results table, the offered load, and the targets' verdicts."""
     by_scheme = {r["scheme"]: r for r in rows}
@@ -213,14 +205,14 @@ def markdown(rows: Sequence[dict[str, Any]], records: int, cpu_cost_us: float) -
     ]
     for r in rows:
         lines.append(
-            f"| {r['scheme']} | {_fmt(r['throughput'], ',.0f')} | "
-            f"{_ratio(r['throughput'], key)} | {_ratio(r['throughput'], shuffle)} | "
-            f"{_fmt(r.get('steady_rate'), ',.0f')} | "
-            f"{_ratio(r.get('steady_rate'), r.get('bound_rate'))} | "
-            f"{_fmt(r['seconds'], '.1f')} | {r['bound_seconds']:.1f} | "
-            f"{_fmt(r['latency_p50_ms'], ',.0f')} | {_fmt(r['latency_p99_ms'], ',.0f')} | "
+            f"| {r['scheme']} | {or_dash(r['throughput'], ',.0f')} | "
+            f"{ratio_or_dash(r['throughput'], key)} | {ratio_or_dash(r['throughput'], shuffle)} | "
+            f"{or_dash(r.get('steady_rate'), ',.0f')} | "
+            f"{ratio_or_dash(r.get('steady_rate'), r.get('bound_rate'))} | "
+            f"{or_dash(r['seconds'], '.1f')} | {r['bound_seconds']:.1f} | "
+            f"{or_dash(r['latency_p50_ms'], ',.0f')} | {or_dash(r['latency_p99_ms'], ',.0f')} | "
             f"{r['max_avg_ratio']:.3f} | {100 * r['hottest_share']:.1f} % | "
-            f"{_fmt(r['replication'], '.3f')} | {'yes' if r['exact'] else 'NO'} |"
+            f"{or_dash(r['replication'], '.3f')} | {'yes' if r['exact'] else 'NO'} |"
         )
     offered = [r["offered_rate"] for r in rows if r["offered_rate"]]
     if offered:
@@ -250,9 +242,9 @@ def markdown(rows: Sequence[dict[str, Any]], records: int, cpu_cost_us: float) -
             + ("met." if vs_key >= 1.6 else "missed."),
             f"- pkg >= 0.9x shuffle throughput: {vs_shuffle:.2f}x -- "
             + ("met." if vs_shuffle >= 0.9 else "missed."),
-            f"- pkg's p99 latency well below key's: {_fmt(pkg['latency_p99_ms'], ',.0f')} ms "
-            f"vs {_fmt(key_row['latency_p99_ms'], ',.0f')} ms "
-            f"({_ratio(pkg['latency_p99_ms'], key_row['latency_p99_ms'])}x).",
+            f"- pkg's p99 latency well below key's: {or_dash(pkg['latency_p99_ms'], ',.0f')} ms "
+            f"vs {or_dash(key_row['latency_p99_ms'], ',.0f')} ms "
+            f"({ratio_or_dash(pkg['latency_p99_ms'], key_row['latency_p99_ms'])}x).",
             "",
             "What bounds the ratios: a saturated run lasts at least max_w L_w x C, so "
             f"throughput ratios follow the hottest workers' shares: key "
@@ -292,7 +284,7 @@ def latency_markdown(
     for r in rows:
         lines.append(
             f"| {r['scheme']} | {r['load']:.0%} | {r['rate']:,.0f} | "
-            f"{_fmt(r['steady_p50_ms'], ',.0f')} | {_fmt(r['steady_p99_ms'], ',.0f')} | "
+            f"{or_dash(r['steady_p50_ms'], ',.0f')} | {or_dash(r['steady_p99_ms'], ',.0f')} | "
             f"{r['max_avg_ratio']:.3f} | {'yes' if r['exact'] else 'NO'} |"
         )
     by_key = {(r["scheme"], r["load"]): r for r in rows}
@@ -308,7 +300,7 @@ def latency_markdown(
         lines += [
             "",
             f"Zero cost: the pipeline's capacity (pkg, saturating offer, {ZERO_COST_RECORDS:,} "
-            f"records) is {_fmt(zero_cost['capacity'], ',.0f')} records/s ("
+            f"records) is {or_dash(zero_cost['capacity'], ',.0f')} records/s ("
             + (
                 "its steady rate"
                 if zero_cost.get("capacity_is_steady")
@@ -316,8 +308,8 @@ def latency_markdown(
             )
             + "); at 25 % of "
             f"it ({zero_cost['rate']:,.0f} records/s offered) p50 = "
-            f"{_fmt(zero_cost['steady_p50_ms'], ',.0f')} ms and p99 = "
-            f"{_fmt(zero_cost['steady_p99_ms'], ',.0f')} ms (target: p50 <= 500 ms, "
+            f"{or_dash(zero_cost['steady_p50_ms'], ',.0f')} ms and p99 = "
+            f"{or_dash(zero_cost['steady_p99_ms'], ',.0f')} ms (target: p50 <= 500 ms, "
             "p99 <= 1.5 s). Exact: " + ("yes." if zero_cost["exact"] else "NO."),
         ]
     return "\n".join(lines) + "\n"

@@ -35,3 +35,21 @@ def docstring_markdown(doc: str | None) -> str:
     'Runs `skewer demo`.'
     """
     return (doc or "").split("\n\n", 1)[1].strip().replace("``", "`")
+
+
+def or_dash(value: float | None, pattern: str) -> str:
+    """``value`` in ``pattern`` (a format spec) for a results table, or "-" when there is none.
+
+    >>> or_dash(1234.5, ",.0f"), or_dash(None, ",.0f")
+    ('1,234', '-')
+    """
+    return "-" if value is None else format(value, pattern)
+
+
+def ratio_or_dash(value: float | None, base: float | None) -> str:
+    """``value / base`` to two places for a results table, or "-" when either is missing or 0.
+
+    >>> ratio_or_dash(3.0, 2.0), ratio_or_dash(None, 2.0), ratio_or_dash(3.0, 0.0)
+    ('1.50', '-', '-')
+    """
+    return f"{value / base:.2f}" if value and base else "-"

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.experiment import ExperimentResult, docstring_markdown
+from bench.experiment import ExperimentResult, docstring_markdown, or_dash
 
 TABLE_SCHEMES = ("scan", "redist", "readj", "llfd", "mintable", "minmig", "mixed")
 WORKLOAD = "drift:mode=fluctuate,z=1.0,keys=5000,intervals=4,workers=8,seed=3"
@@ -165,10 +165,6 @@ def row(scheme: str, live: dict[str, Any], sim: dict[str, Any], planning: tuple)
     }
 
 
-def _fmt(value: float | None, pattern: str) -> str:
-    return "-" if value is None else format(value, pattern)
-
-
 def markdown(rows: Sequence[dict[str, Any]], interval: float) -> str:
     lines = [
         f"Planning: {PLANNING_KEYS:,} tracked keys, N = {PLANNING_WORKERS} (target < 1 s). "
@@ -186,10 +182,10 @@ def markdown(rows: Sequence[dict[str, Any]], interval: float) -> str:
         lines.append(
             f"| {r['scheme']} | {r['planning_seconds']:.2f} | {r['migrations']} | "
             f"{r['keys_moved']:,.0f} | {r['entries_moved']:,.0f} | "
-            f"{_fmt(r['entries_fraction'], '.4f')} | {_fmt(r['ideal_fraction'], '.4f')} | "
+            f"{or_dash(r['entries_fraction'], '.4f')} | {or_dash(r['ideal_fraction'], '.4f')} | "
             f"{r['sim_migrated_fraction']:.4f} | {r['sim_rebalances']} | "
-            f"{r['held_records']:,.0f} | {_fmt(r['longest_hold_s'], '.2f')} | "
-            f"{_fmt(r['longest_migration_s'], '.2f')} | "
+            f"{r['held_records']:,.0f} | {or_dash(r['longest_hold_s'], '.2f')} | "
+            f"{or_dash(r['longest_migration_s'], '.2f')} | "
             f"{r['max_avg_ratio']:.3f} | {'yes' if r['exact'] else 'NO'} |"
         )
     slowest = max(r["planning_seconds"] for r in rows)

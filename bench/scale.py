@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from bench.end_to_end import row, traced_run
-from bench.experiment import ExperimentResult, docstring_markdown
+from bench.experiment import ExperimentResult, docstring_markdown, ratio_or_dash
 from bench.grouping_stage import TimedSource, measure
 from pipeline.io import config, kafka_io
 from pipeline.services import manager, spark_standalone
@@ -224,7 +224,7 @@ def executor_table(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         steady = r["steady_rate"]
-        vs = f"{steady / base:.2f}" if steady and base else "-"
+        vs = ratio_or_dash(steady, base)
         lines.append(
             f"| {r['executors']} | {f'{steady:,.0f}' if steady else '-'} | {vs} | "
             f"{r['throughput'] or 0:,.0f} | {r['max_avg_ratio']:.2f} | "

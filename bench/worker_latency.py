@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.end_to_end import STEADY_FROM, Trace
-from bench.experiment import ExperimentResult, docstring_markdown
+from bench.experiment import ExperimentResult, docstring_markdown, or_dash, ratio_or_dash
 from bench.worker_stage import (
     WORKERS,
     WORKLOAD,
@@ -81,6 +81,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "Kafka's fetch.max.wait.ms (500 ms)": {"fetch_max_wait_ms": 500},
     "Spark's checkpoint file manager (FileContext)": {"checkpoint_file_manager": None},
 }
+#: What each run measures, in the tables' column order.
+FIGURES = ("p50_ms", "p99_ms", "cycle_ms", "logs_ms")
 #: Micro-batches left out of the medians (the query's start).
 FIRST_BATCHES = 3
 
@@ -194,10 +196,6 @@ def _median(values: Any) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| setting | round | p50 (ms) | p99 (ms) | batch cycle (ms) | logs (ms) | batches "
@@ -205,9 +203,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
+        figures = [or_dash(row[name], ",.0f") for name in FIGURES]
         lines.append(
-            f"| {row['setting']} | {row['round']} | {_ms(row['p50_ms'])} | {_ms(row['p99_ms'])} "
-            f"| {_ms(row['cycle_ms'])} | {_ms(row['logs_ms'])} | {row['batches']} "
+            f"| {row['setting']} | {row['round']} | {' | '.join(figures)} | {row['batches']} "
             f"| {'yes' if row['exact'] else 'NO'} |"
         )
     return "\n".join(lines)
@@ -218,7 +216,7 @@ def comparison(rows: list[dict[str, Any]]) -> str:
     medians = {
         setting: {
             figure: _median(r[figure] for r in rows if r["setting"] == setting and r[figure])
-            for figure in ("p50_ms", "p99_ms", "cycle_ms", "logs_ms")
+            for figure in FIGURES
         }
         for setting in SETTINGS
     }
@@ -230,10 +228,9 @@ def comparison(rows: list[dict[str, Any]]) -> str:
     ]
     for setting, figures in medians.items():
         cells = []
-        for figure in ("p50_ms", "p99_ms", "cycle_ms", "logs_ms"):
-            value, anchor = figures[figure], base[figure]
-            ratio = f"{value / anchor:.2f}" if value and anchor else "-"
-            cells += [_ms(value), ratio]
+        for figure in FIGURES:
+            value = figures[figure]
+            cells += [or_dash(value, ",.0f"), ratio_or_dash(value, base[figure])]
         lines.append(f"| {setting} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -279,9 +276,9 @@ def run(
                 row |= measured_run(spark, settings, options, rate, seconds)
                 rows.append(row)
                 log(
-                    f"round {index + 1}, {setting}: p50/p99 {_ms(row['p50_ms'])}/"
-                    f"{_ms(row['p99_ms'])} ms, cycle {_ms(row['cycle_ms'])} ms, "
-                    f"exact {row['exact']}"
+                    f"round {index + 1}, {setting}: p50/p99 {or_dash(row['p50_ms'], ',.0f')}/"
+                    f"{or_dash(row['p99_ms'], ',.0f')} ms, "
+                    f"cycle {or_dash(row['cycle_ms'], ',.0f')} ms, exact {row['exact']}"
                 )
     finally:
         spark.stop()
