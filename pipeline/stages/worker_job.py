@@ -229,10 +229,10 @@ def _store(redis_url: str, run_id: str) -> StateStore:
     return store
 
 
-def _amounts(store: StateStore, redis_url: str) -> Extractor | None:
-    run = (redis_url, store.keys.run_id)
+def _amounts(redis_url: str, run_id: str) -> Extractor | None:
+    run = (redis_url, run_id)
     if run not in _AMOUNTS:
-        _AMOUNTS[run] = run_amounts(store)
+        _AMOUNTS[run] = run_amounts(_store(redis_url, run_id))
     return _AMOUNTS[run]
 
 
@@ -356,7 +356,7 @@ class PartitionProcessor:
             return
         batch_id = streaming_batch_id()
         store = _store(self.redis_url, self.run_id)
-        amounts = _amounts(store, self.redis_url)
+        amounts = _amounts(self.redis_url, self.run_id)
         table = pa.Table.from_batches(arrived)
         shares = [
             (
