@@ -168,6 +168,14 @@ def measured_run(
     worker.start()
     try:
         event_times = paced_write(settings.kafka_bootstrap, topic, keys, destinations, rate)
+    except BaseException:
+        # The job waits for an END_OF_STREAM that will not come now: stop its query (it may
+        # start only after the write failed), so that the error is reported, not a hang.
+        while worker.is_alive():
+            for query in spark.streams.active:
+                query.stop()
+            worker.join(1.0)
+        raise
     finally:
         worker.join()
         kafka_io.delete_topics(settings.kafka_bootstrap, [topic])
