@@ -130,30 +130,29 @@ def sweep_dead_sessions(client: docker_module.DockerClient) -> list[str]:
     called before a session starts its first container."""
     from docker.errors import DockerException
 
+    # Sparse lists: a full one inspects each container it found, and fails on one that another
+    # session (the other xdist worker, sweeping or removing its own) removed in between.
     removed = []
-    for container in client.containers.list(all=True, filters={"label": SESSION_LABEL}):
-        if not session_alive(container.labels.get(SESSION_LABEL, "")):
+    for container in client.containers.list(
+        all=True, sparse=True, filters={"label": SESSION_LABEL}
+    ):
+        if not session_alive(_labels(container).get(SESSION_LABEL, "")):
             with contextlib.suppress(DockerException):
                 container.remove(force=True, v=True)
-                removed.append(f"container {container.name} of a killed test session")
+                removed.append(f"container {_container_name(container)} of a killed test session")
     compose = {"label": COMPOSE_PROJECT_LABEL}
     found = [
-        *client.containers.list(all=True, filters=compose),
+        *client.containers.list(all=True, sparse=True, filters=compose),
         *client.volumes.list(filters=compose),
         *client.networks.list(filters=compose),
     ]
-    projects = {
-        (item.attrs.get("Labels") or item.attrs.get("Config", {}).get("Labels") or {}).get(
-            COMPOSE_PROJECT_LABEL, ""
-        )
-        for item in found
-    }
+    projects = {_labels(item).get(COMPOSE_PROJECT_LABEL, "") for item in found}
     for project in sorted(p for p in projects if p.startswith(COMPOSE_TEST_PROJECT)):
         if session_alive(project.removeprefix(COMPOSE_TEST_PROJECT)):
             continue
         selector = {"label": f"{COMPOSE_PROJECT_LABEL}={project}"}
         with contextlib.suppress(DockerException):
-            for container in client.containers.list(all=True, filters=selector):
+            for container in client.containers.list(all=True, sparse=True, filters=selector):
                 container.remove(force=True, v=True)
             for network in client.networks.list(filters=selector):
                 network.remove()
@@ -161,6 +160,17 @@ def sweep_dead_sessions(client: docker_module.DockerClient) -> list[str]:
                 volume.remove(force=True)
             removed.append(f"compose project {project} of a killed test session")
     return removed
+
+
+def _labels(item: Any) -> dict[str, str]:
+    """The labels of a container (sparse or inspected), volume or network."""
+    return item.attrs.get("Labels") or item.attrs.get("Config", {}).get("Labels") or {}
+
+
+def _container_name(container: Any) -> str:
+    """A container's name, from a sparse list (``Names``) or an inspection (``Name``)."""
+    names = container.attrs.get("Names") or [container.attrs.get("Name") or container.short_id]
+    return names[0].lstrip("/")
 
 
 class BackendError(Exception):

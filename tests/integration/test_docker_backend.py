@@ -127,12 +127,11 @@ def test_what_a_killed_session_left_is_swept_and_a_live_sessions_is_not(
                 )
             )
         removed = sweep_dead_sessions(client)
-        assert sorted(removed) == sorted(
-            [
-                "container " + made[0].name + " of a killed test session",
-                f"compose project {COMPOSE_TEST_PROJECT}{dead} of a killed test session",
-            ]
-        )
+        # The other xdist worker's session sweeps at its start too, and may have been first.
+        assert set(removed) <= {
+            "container " + made[0].name + " of a killed test session",
+            f"compose project {COMPOSE_TEST_PROJECT}{dead} of a killed test session",
+        }
         left = {c.id for c in client.containers.list(all=True)} | {
             n.id for n in client.networks.list()
         }
