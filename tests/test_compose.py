@@ -56,7 +56,7 @@ from service_backends import compose_command_environment
 
 from pipeline.cli import demo
 from pipeline.cli.app import build_parser
-from pipeline.io import config, kafka_io, spark_session
+from pipeline.io import config, kafka_io, kafka_security, spark_session
 from pipeline.services import docker_images, spark_standalone
 from pipeline.services.redis_server import RedisService
 from pipeline.stages import grouping
@@ -488,8 +488,10 @@ def test_passwords_are_required_and_never_defaulted(
         assert variables[name], name
         assert {use.operator for use in variables[name]} == {":?"}, name
     for name in variables:
-        if _SECRET_NAME.search(name):
-            assert name in REQUIRED_SECRETS, f"{name} looks secret but is not required"
+        if _SECRET_NAME.search(name) and name not in REQUIRED_SECRETS:
+            # Optional, as a login to a Kafka of the user's own is: nothing but empty by default.
+            uses = {(use.operator, use.arg) for use in variables[name]}
+            assert uses == {(":-", "")}, f"{name} looks secret but has a default: {uses}"
     for missing in REQUIRED_SECRETS:
         env = {key: value for key, value in TEST_SECRETS.items() if key != missing}
         with pytest.raises(MissingVariableError, match=missing):
@@ -805,6 +807,25 @@ def test_the_spark_master_variable_makes_work_the_driver_on_the_cluster(
     defaults = _defaults(variables)
     assert int(defaults["WORKERS"]) <= 2 * int(defaults["SPARK_WORKER_CORES"])
     assert f"SKEWER_SPARK_MASTER={url}" in ENV_EXAMPLE.read_text()
+
+
+def test_the_kafka_login_variables_reach_every_skewer_service(
+    raw: dict[str, Any], compose: dict[str, Any]
+) -> None:
+    """Plaintext unless set; set, every skewer service's clients log in with them."""
+    for name in SKEWER_COMMANDS:
+        env = _environment(compose["services"][name])
+        assert config.load(env).kafka_security == kafka_security.KafkaSecurity(), name
+    login = {
+        kafka_security.ENV_SECURITY_PROTOCOL: "SASL_PLAINTEXT",
+        kafka_security.ENV_SASL_MECHANISM: "SCRAM-SHA-512",
+        kafka_security.ENV_SASL_USERNAME: "skewer",
+        kafka_security.ENV_SASL_PASSWORD: "s3cret",
+    }
+    switched = interpolate(raw, {**TEST_SECRETS, **login})
+    for name in SKEWER_COMMANDS:
+        env = _environment(switched["services"][name])
+        assert config.load(env).kafka_security == kafka_security.from_environ(login), name
 
 
 class _JsonHandler(BaseHTTPRequestHandler):

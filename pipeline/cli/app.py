@@ -8,7 +8,8 @@ import their heavy dependencies (Spark, numba-compiled schemes) inside the handl
 pyproject.toml, the way pytest finds its plugins: ``pipeline`` never imports ``bench``.
 
 Errors become exit codes here, once for every command: bad input (:class:`UsageError`,
-:class:`~operators.base.SchemeError`, a topic of the wrong shape, an exporter port taken) is 2,
+:class:`~operators.base.SchemeError`, a topic of the wrong shape, an exporter port taken, a
+setting of the environment that cannot work) is 2,
 a service that does not answer is 1; each is one line ``skewer COMMAND: error: ...``.
 """
 
@@ -22,6 +23,7 @@ from importlib.metadata import entry_points
 
 from operators.base import SchemeError
 from pipeline.cli.arguments import UsageError
+from pipeline.io.config import SettingsError
 from pipeline.io.kafka_io import KafkaIOError, ServiceUnavailableError
 from pipeline.observe.exporter import MetricsError
 
@@ -65,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ServiceUnavailableError as error:
         print(f"skewer {args.command}: error: {error}", file=sys.stderr)
         return 1
-    except (UsageError, SchemeError, KafkaIOError, MetricsError) as error:
+    except (UsageError, SchemeError, KafkaIOError, MetricsError, SettingsError) as error:
         print(f"skewer {args.command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -25,9 +25,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from pipeline.io.kafka_security import KafkaSecurity
+from pipeline.io.kafka_security import from_environ as kafka_security_from_environ
 
 #: The repository: pipeline/io/ is two levels below it (the project installs editable).
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -208,6 +211,9 @@ class Settings:
     kafka_replication: int | None = None
     #: ``$DOCKER_HOST`` as given (empty when unset); see :attr:`docker_socket`.
     docker_host: str = ""
+    #: How the Kafka clients authenticate and encrypt (``SKEWER_KAFKA_SECURITY_PROTOCOL`` ...);
+    #: each client reads them from its process's environment (pipeline.io.kafka_security).
+    kafka_security: KafkaSecurity = field(default_factory=KafkaSecurity)
 
     @property
     def kafka_host(self) -> str:
@@ -363,6 +369,7 @@ class Settings:
             ENV_RUN_DIR: str(self.run_dir),
             ENV_SPARK_MASTER: self.spark_master,
             ENV_SPARK_STANDALONE: self.spark_standalone,
+            **self.kafka_security.environ(),
         }
 
     @property
@@ -398,9 +405,26 @@ def resolve_scheme(flag: str | None, default: str, environ: Mapping[str, str] | 
     return (flag or "").strip() or env.get(SCHEME_VARIABLE, "").strip() or default
 
 
+class SettingsError(ValueError):
+    """A setting that cannot work; the message is one line naming its variable (exit 2)."""
+
+
 def load(environ: Mapping[str, str] | None = None) -> Settings:
-    """The settings in force: environment variables over the defaults."""
-    env = os.environ if environ is None else environ
+    """The settings in force: environment variables over the defaults; a
+    :class:`SettingsError` naming the variable when one cannot work.
+
+    >>> load({"SKEWER_KAFKA_BOOTSTRAP": "kafka"})
+    Traceback (most recent call last):
+    ...
+    pipeline.io.config.SettingsError: SKEWER_KAFKA_BOOTSTRAP='kafka' is not HOST:PORT[,HOST:PORT...]
+    """
+    try:
+        return _load(os.environ if environ is None else environ)
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
+
+
+def _load(env: Mapping[str, str]) -> Settings:
     cache_dir = Path(env.get(ENV_CACHE_DIR, str(PROJECT_ROOT / ".cache"))).resolve()
     settings = Settings(
         kafka_bootstrap=env.get(ENV_KAFKA_BOOTSTRAP, DEFAULT_KAFKA_BOOTSTRAP),
@@ -415,6 +439,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
         spark_standalone=env.get(ENV_SPARK_STANDALONE, DEFAULT_SPARK_STANDALONE),
         kafka_replication=replication_setting(env.get(ENV_KAFKA_REPLICATION, "auto")),
         docker_host=env.get(ENV_DOCKER_HOST, "").strip(),
+        kafka_security=kafka_security_from_environ(env),
     )
     if settings.redis_appendfsync not in REDIS_APPENDFSYNC_POLICIES:
         raise ValueError(

@@ -9,7 +9,8 @@ side, and every Redis key under ``skewer:{run_id}:``. :class:`RunNames` spells t
 place.
 
 Client configurations come from builders here so every stage (and the benchmark's passthrough)
-uses the same settings:
+uses the same settings, and each carries the security settings of the process's environment
+(:mod:`pipeline.io.kafka_security`: SASL and TLS for a cluster of the user's own):
 
 - :func:`producer_config` -- idempotent (no duplicates, per-partition order kept across
   retries); partitions are always passed explicitly, because partition w of ``work`` is
@@ -18,6 +19,8 @@ uses the same settings:
   stage's exactly-once hop from ``keys`` to ``work``.
 - :func:`consumer_config` -- manual assignment, no auto-commit, ``read_committed``, so aborted
   transactions of a crashed stage are never read downstream.
+- :func:`pipeline.io.kafka_security.admin_config` -- topics, metadata; quiet while a broker
+  boots.
 
 Topics are created explicitly with their partition count (auto-creation is off on the native
 broker); :func:`ensure_topic` is idempotent and fails with one line when an existing topic has
@@ -43,7 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pipeline.io import probes, records, redis_client
+from pipeline.io import kafka_security, probes, records, redis_client
 from pipeline.io.config import ENV_KAFKA_REPLICATION, ENV_REDIS_URL, redacted_url
 
 if TYPE_CHECKING:
@@ -120,6 +123,7 @@ def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
         "queue.buffering.max.messages": 1_000_000,
         "message.max.bytes": LARGE_MESSAGE_BYTES + 65_536,
         "log_level": 3,
+        **kafka_security.from_environ().client_config(),
     }
     config.update(overrides)
     return config
@@ -154,6 +158,7 @@ def consumer_config(bootstrap: str, group_id: str, **overrides: Any) -> dict[str
         # with batch consumption that is a stall every time the queue refills.
         "fetch.queue.backoff.ms": 10,
         "log_level": 3,
+        **kafka_security.from_environ().client_config(),
     }
     config.update(overrides)
     return config
@@ -174,11 +179,19 @@ def produce_blocking(
 
 
 def require_kafka(bootstrap: str, timeout: float = 5.0) -> None:
-    """:class:`ServiceUnavailableError` with one line unless a broker answers at ``bootstrap``."""
-    if not probes.kafka_answers(bootstrap, timeout=timeout):
+    """:class:`ServiceUnavailableError` with one line unless a broker answers at ``bootstrap``;
+    through the environment's SASL or TLS settings, it says which protocol and why not."""
+    refusal = probes.kafka_refusal(bootstrap, timeout=timeout)
+    if refusal is None:
+        return
+    protocol = kafka_security.from_environ().protocol
+    if protocol == "PLAINTEXT":
         raise ServiceUnavailableError(
             f"kafka does not answer at {bootstrap} (start it: skewer services up)"
         )
+    raise ServiceUnavailableError(
+        f"kafka does not answer at {bootstrap} over {protocol}: {refusal}"
+    )
 
 
 #: A stage's Redis client retries a command this often, backing off up to 1 s: ~25 s in all,
@@ -336,7 +349,7 @@ def topic_partitions(bootstrap: str, name: str, timeout: float = 10.0) -> int | 
     """Partition count of topic ``name``, or None if it does not exist."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin = AdminClient(kafka_security.admin_config(bootstrap))
     topic = admin.list_topics(topic=name, timeout=timeout).topics.get(name)
     if topic is None or topic.error is not None:
         return None
@@ -397,7 +410,7 @@ def cluster_brokers(bootstrap: str, timeout: float = 10.0) -> int:
     """How many brokers the cluster at ``bootstrap`` has registered now."""
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin = AdminClient(kafka_security.admin_config(bootstrap))
     return len(admin.list_topics(timeout=timeout).brokers)
 
 
@@ -431,7 +444,7 @@ def ensure_topic(
     if existing is None:
         replicas, min_insync = require_replication(bootstrap, replication)
         settings = {"min.insync.replicas": str(min_insync), **(config or {})}
-        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+        admin = AdminClient(kafka_security.admin_config(bootstrap))
         futures = admin.create_topics(
             [NewTopic(name, partitions, replicas, config=settings)], request_timeout=timeout
         )
@@ -488,7 +501,7 @@ def ensure_run_topics(
 def _wait_for_leaders(bootstrap: str, name: str, timeout: float) -> None:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin = AdminClient(kafka_security.admin_config(bootstrap))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         topic = admin.list_topics(topic=name, timeout=timeout).topics.get(name)
@@ -568,6 +581,6 @@ def delete_topics(bootstrap: str, names: Sequence[str], timeout: float = 30.0) -
     present = [name for name in names if topic_partitions(bootstrap, name) is not None]
     if not present:
         return
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin = AdminClient(kafka_security.admin_config(bootstrap))
     for future in admin.delete_topics(present, request_timeout=timeout).values():
         future.result(timeout=timeout)

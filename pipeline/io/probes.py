@@ -23,6 +23,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from pipeline.io.kafka_security import KafkaSecurity, admin_config
+
 
 def accepts_connections(address: str, timeout: float) -> bool:
     host, _, port = address.strip().rpartition(":")
@@ -33,21 +35,36 @@ def accepts_connections(address: str, timeout: float) -> bool:
         return False
 
 
-def kafka_answers(bootstrap: str, timeout: float = 2.0) -> bool:
-    """A metadata request to ``bootstrap`` returns at least one broker within ``timeout``."""
+def kafka_answers(
+    bootstrap: str, timeout: float = 2.0, security: KafkaSecurity | None = None
+) -> bool:
+    """A metadata request to ``bootstrap`` returns at least one broker within ``timeout``
+    (through ``security``, by default the environment's: :mod:`pipeline.io.kafka_security`)."""
+    return kafka_refusal(bootstrap, timeout, security) is None
+
+
+def kafka_refusal(
+    bootstrap: str, timeout: float = 2.0, security: KafkaSecurity | None = None
+) -> str | None:
+    """Why a metadata request to ``bootstrap`` returns no broker within ``timeout``, in a few
+    words (the client's last error: a login refused, a certificate not trusted ...); None when
+    one answers."""
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     # A refused connection is an answer at once; librdkafka would retry until the timeout.
     if not any(accepts_connections(address, timeout) for address in bootstrap.split(",")):
-        return False
-    # log_level 0 keeps librdkafka from printing "connection refused" while a broker boots.
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+        return "connection refused"
+    errors: list[str] = []
+    admin = AdminClient(
+        {**admin_config(bootstrap, security), "error_cb": lambda error: errors.append(error.str())}
+    )
     try:
         metadata = admin.list_topics(timeout=timeout)
-    except KafkaException:
-        return False
-    return len(metadata.brokers) > 0
+    except KafkaException as error:
+        admin.poll(0)  # serves the error callbacks queued meanwhile
+        return errors[-1] if errors else error.args[0].str()
+    return None if metadata.brokers else "it names no broker"
 
 
 def redis_answers(url: str, timeout: float = 2.0) -> bool:

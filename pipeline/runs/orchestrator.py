@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from operators.metrics import load_figures
-from pipeline.io import config, kafka_io, probes, redis_client
+from pipeline.io import config, kafka_io, kafka_security, probes, redis_client
 from pipeline.runs.plan import STAGES, RunPlan
 from pipeline.runs.summary import RunSummary
 from pipeline.services import manager, native
@@ -143,6 +143,11 @@ def ensure_services(settings: config.Settings, *, start: bool, keep: bool = Fals
         "redis": (redis_host, settings.redis_url, probes.redis_answers),
     }
     down = [name for name in RUN_SERVICES if not where[name][2](where[name][1], timeout=5.0)]
+    if "kafka" in down and kafka_security.from_environ().protocol != "PLAINTEXT":
+        # Skewer's own broker speaks plaintext, so starting it cannot help: say why this one
+        # does not answer (a login refused, a certificate not trusted ...).
+        kafka_io.require_kafka(settings.kafka_bootstrap)
+        down.remove("kafka")
     if not down:
         return lease
     for name in down:

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from pipeline.io import kafka_io, records
+from pipeline.io import kafka_io, kafka_security, records
 from pipeline.io.extractors import Extractor, format_amount
 from pipeline.io.state_store import Differences
 
@@ -244,6 +244,7 @@ def recount(
         .option("subscribe", topic)
         .option("startingOffsets", "earliest")
         .option("endingOffsets", json.dumps({topic: {str(p): e for p, e in ends.items()}}))
+        .options(**kafka_security.from_environ().spark_options())
         .load()
         .select(
             "partition",

@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 from string import Template
 
-from pipeline.io import config
+from pipeline.io import config, kafka_security
 from pipeline.io.artifacts import ArtifactError, ensure_kafka_libs
 from pipeline.io.kafka_io import topic_replication
 from pipeline.io.probes import kafka_answers
@@ -146,7 +146,12 @@ class KafkaService(NativeService):
         ]
 
     def healthy(self, timeout: float = 2.0) -> bool:
-        return kafka_answers(self.address, timeout)
+        # Skewer's own broker speaks plaintext; a cluster of the user's that answers through the
+        # environment's SASL or TLS settings (pipeline.io.kafka_security) is one too, external.
+        security = kafka_security.from_environ()
+        if security.protocol != "PLAINTEXT" and kafka_answers(self.address, timeout, security):
+            return True
+        return kafka_answers(self.address, timeout, kafka_security.KafkaSecurity())
 
 
 class KafkaNodeService(KafkaService):

@@ -84,7 +84,7 @@ import pyarrow as pa
 
 from operators.keys import KeyBatch
 from operators.windows import count_per_window_key
-from pipeline.io import config, records
+from pipeline.io import config, kafka_security, records
 from pipeline.io.extractors import Extractor
 from pipeline.io.spark_session import is_local
 from pipeline.io.state_store import StateStore, WorkerBatch, latency_buckets
@@ -625,6 +625,7 @@ def start_query(
         .option("startingOffsets", "earliest")
         .option("kafka.isolation.level", "read_committed")
         .option("kafka.fetch.max.wait.ms", str(options.fetch_max_wait_ms))
+        .options(**kafka_security.from_environ().spark_options())
     )
     if options.max_records_per_batch is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(options.max_records_per_batch))

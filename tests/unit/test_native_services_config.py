@@ -269,6 +269,32 @@ def test_topic_replication_follows_the_brokers_and_refuses_more_than_there_are()
             config.load({config.ENV_KAFKA_REPLICATION: bad})
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        (config.ENV_KAFKA_REPLICATION, "0"),
+        (config.ENV_KAFKA_BOOTSTRAP, "kafka"),
+        (config.ENV_SPARK_MASTER, "mesos://x:5050"),
+        (config.ENV_REDIS_APPENDFSYNC, "sometimes"),
+    ],
+)
+@pytest.mark.parametrize("command", [["verify", "--run-id", "r"], ["services", "status"]])
+def test_a_setting_that_cannot_work_is_one_line_and_exit_2(
+    variable: str,
+    value: str,
+    command: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Not a traceback: every command loads the settings first, and app.main says which."""
+    from pipeline.cli import app
+
+    monkeypatch.setenv(variable, value)
+    assert app.main(command) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"skewer {command[0]}: error: {variable}=")
+
+
 def test_services_kafka_brokers_takes_one_or_three_and_only_with_up(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
