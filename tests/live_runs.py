@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import random
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -91,6 +93,15 @@ def wait_for(pipeline: Pipeline, condition: Any, what: str, timeout: float = 120
         pipeline.check()
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+def skewer(environ: dict[str, str], *argv: str, timeout: float) -> subprocess.CompletedProcess:
+    """``skewer ARGV...`` as a user runs it: a process of its own with ``environ``, its output
+    captured, its exit code returned (never raised)."""
+    command = [sys.executable, "-m", "pipeline.cli", *argv]
+    return subprocess.run(
+        command, env=environ, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def free_ports(count: int) -> int:

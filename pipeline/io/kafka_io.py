@@ -249,10 +249,15 @@ def connect_redis(url: str, timeout: float = 5.0) -> redis.Redis:
         raise ServiceUnavailableError(
             f"redis at {redacted_url(url)} refused the credentials: {error}"
         ) from None
-    except redis_module.RedisError:
+    except redis_module.RedisError as error:
         client.close()
         if sentinel is not None:
             _explain_sentinel_failure(url, timeout)
+        if url.startswith("rediss://"):  # over TLS: the reason (a certificate not trusted ...)
+            reason = " ".join(str(error).split())
+            raise ServiceUnavailableError(
+                f"redis does not answer at {redacted_url(url)} over TLS: {reason}"
+            ) from None
         raise ServiceUnavailableError(
             f"redis does not answer at {redacted_url(url)} (start it: skewer services up)"
         ) from None

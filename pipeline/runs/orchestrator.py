@@ -143,11 +143,15 @@ def ensure_services(settings: config.Settings, *, start: bool, keep: bool = Fals
         "redis": (redis_host, settings.redis_url, probes.redis_answers),
     }
     down = [name for name in RUN_SERVICES if not where[name][2](where[name][1], timeout=5.0)]
+    # Skewer's own broker and Redis speak plaintext, so starting one cannot help a client that
+    # asks for TLS or a login: say why the service it asks does not answer (a login refused, a
+    # certificate not trusted ...).
     if "kafka" in down and kafka_security.from_environ().protocol != "PLAINTEXT":
-        # Skewer's own broker speaks plaintext, so starting it cannot help: say why this one
-        # does not answer (a login refused, a certificate not trusted ...).
         kafka_io.require_kafka(settings.kafka_bootstrap)
         down.remove("kafka")
+    if "redis" in down and settings.redis_url.startswith("rediss://"):
+        kafka_io.connect_redis(settings.redis_url).close()
+        down.remove("redis")
     if not down:
         return lease
     for name in down:

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from live_runs import (
     fault_plan,
     free_ports,
     shared_spark_run,
+    skewer,
     wait_for_the_fault_moment,
 )
 
@@ -114,13 +113,6 @@ def topic_replicas(bootstrap: str, topic: str) -> set[int]:
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
     partitions = admin.list_topics(topic=topic, timeout=10).topics[topic].partitions
     return {len(partition.replicas) for partition in partitions.values()}
-
-
-def skewer(environ: dict[str, str], *argv: str, timeout: float) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "pipeline.cli", *argv]
-    return subprocess.run(
-        command, env=environ, capture_output=True, text=True, timeout=timeout, check=False
-    )
 
 
 def test_the_readme_cluster_runs_the_demo_exactly(

@@ -1,7 +1,7 @@
 """The Kafka clients' security settings (pipeline.io.kafka_security): what each client is
 given, and settings that cannot work refused by every command with one line and exit 2 before
 anything connects. The clients on a broker that demands them: tests/integration/
-test_kafka_security.py."""
+test_secured_services.py."""
 
 from __future__ import annotations
 
