@@ -185,13 +185,16 @@ def require_kafka(bootstrap: str, timeout: float = 5.0) -> None:
     if refusal is None:
         return
     protocol = kafka_security.from_environ().protocol
-    if protocol == "PLAINTEXT":
-        raise ServiceUnavailableError(
-            f"kafka does not answer at {bootstrap} (start it: skewer services up)"
+    if protocol != "PLAINTEXT":
+        refusal = f"over {protocol}: {refusal}"
+    elif refusal == probes.CONNECTION_REFUSED:
+        refusal = "(start it: skewer services up)"
+    else:  # something takes connections, but does not answer as a plaintext broker
+        refusal = (
+            f"over PLAINTEXT ({refusal}); if it asks for TLS or a login, set "
+            f"{kafka_security.ENV_SECURITY_PROTOCOL}"
         )
-    raise ServiceUnavailableError(
-        f"kafka does not answer at {bootstrap} over {protocol}: {refusal}"
-    )
+    raise ServiceUnavailableError(f"kafka does not answer at {bootstrap} {refusal}")
 
 
 #: A stage's Redis client retries a command this often, backing off up to 1 s: ~25 s in all,

@@ -35,6 +35,10 @@ def accepts_connections(address: str, timeout: float) -> bool:
         return False
 
 
+#: :func:`kafka_refusal`'s reason when no address of the bootstrap list takes a connection.
+CONNECTION_REFUSED = "connection refused"
+
+
 def kafka_answers(
     bootstrap: str, timeout: float = 2.0, security: KafkaSecurity | None = None
 ) -> bool:
@@ -49,21 +53,21 @@ def kafka_refusal(
     """Why a metadata request to ``bootstrap`` returns no broker within ``timeout``, in a few
     words (the client's last error: a login refused, a certificate not trusted ...); None when
     one answers."""
-    from confluent_kafka import KafkaException
+    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient
 
     # A refused connection is an answer at once; librdkafka would retry until the timeout.
     if not any(accepts_connections(address, timeout) for address in bootstrap.split(",")):
-        return "connection refused"
-    errors: list[str] = []
-    admin = AdminClient(
-        {**admin_config(bootstrap, security), "error_cb": lambda error: errors.append(error.str())}
-    )
+        return CONNECTION_REFUSED
+    errors: list[KafkaError] = []
+    admin = AdminClient({**admin_config(bootstrap, security), "error_cb": errors.append})
     try:
         metadata = admin.list_topics(timeout=timeout)
     except KafkaException as error:
         admin.poll(0)  # serves the error callbacks queued meanwhile
-        return errors[-1] if errors else error.args[0].str()
+        # "N/N brokers are down" says nothing of why; an error before it may (a login refused).
+        causes = [e for e in errors if e.code() != KafkaError._ALL_BROKERS_DOWN]
+        return (causes or errors or [error.args[0]])[-1].str()
     return None if metadata.brokers else "it names no broker"
 
 

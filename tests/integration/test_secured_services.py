@@ -274,7 +274,7 @@ PLAINTEXT = {
     [
         ("wrong-password", "kafka does not answer at {kafka} over SASL_SSL: "),
         ("untrusted-certificate", "kafka does not answer at {kafka} over SASL_SSL: "),
-        ("plaintext", "kafka does not answer at {kafka} (start it: skewer services up)"),
+        ("plaintext", "kafka does not answer at {kafka} over PLAINTEXT ("),
         ("untrusted-redis", "redis does not answer at {redis} over TLS: "),
     ],
 )
@@ -288,7 +288,10 @@ def test_a_refused_connection_is_one_line_and_exit_1(
             {kafka_security.ENV_SSL_CA_LOCATION: other_ca},
             "certificate verify failed",
         ),
-        "plaintext": (PLAINTEXT, ""),
+        "plaintext": (
+            PLAINTEXT,
+            "; if it asks for TLS or a login, set SKEWER_KAFKA_SECURITY_PROTOCOL",
+        ),
         "untrusted-redis": (
             {config.ENV_REDIS_URL: rediss_url(secured.redis_port, Path(other_ca))},
             "certificate verify failed",
