@@ -101,7 +101,7 @@ class KafkaSecurity:
 
     def spark_options(self) -> dict[str, str]:
         """The Java client's properties as options of Spark's Kafka source (``kafka.``-prefixed;
-        Spark redacts ``sasl.jaas.config`` in its logs and UI)."""
+        the source redacts ``sasl.jaas.config`` when it logs its settings)."""
         if self.protocol == "PLAINTEXT":
             return {}
         options = {"kafka.security.protocol": self.protocol}
