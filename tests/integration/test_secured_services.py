@@ -17,6 +17,8 @@ What is checked:
   client's JAAS line and PEM trust store), the workers' Redis state from Spark's Python tasks,
   the aggregator and the metrics. Every (key, window) count is exact, and the Kafka password is
   in no stage's log.
+- test_end_to_end's fault test, a kill -9 of the grouping stage and of the Spark job, both
+  restarted, is exact on them too.
 - A topic of one's own, written here through the same settings, is grouped by the demo and
   recounted by Spark's batch Kafka source (``--verify``): exact.
 - A wrong password, a CA that did not sign the broker's certificate, and plaintext against the
@@ -37,10 +39,10 @@ from urllib.parse import quote
 
 import pytest
 from certificates import KEYSTORE_PASSWORD, ServerCertificates, write_server_certificates
-from live_runs import free_ports, skewer
+from live_runs import RUN_TIMEOUT, free_ports, run_of, skewer, wait_for
 
 from pipeline.io import config, kafka_io, kafka_security, probes
-from pipeline.runs.plan import new_run_id
+from pipeline.runs.plan import RunPlan, new_run_id
 from pipeline.services import process
 from pipeline.services.kafka_broker import KafkaService
 
@@ -214,6 +216,48 @@ def test_the_demo_is_exact_over_tls_and_logins(secured: SecuredServices) -> None
     assert {log.name for log in logs} >= {"group.err", "work.err", "aggregate.err"}
     for log in logs:
         assert SCRAM_PASSWORD not in log.read_text(errors="replace"), log.name
+
+
+def test_kill_9_of_the_grouping_stage_and_of_the_spark_job_over_tls_keeps_counts_exact(
+    secured: SecuredServices, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """test_end_to_end's fault test on the secured services: ``kill -9`` of ``skewer group`` a
+    quarter through and of ``skewer work`` half way, both restarted (the Spark job from its
+    checkpoint). A restarted source logs in again and fences its predecessor's transaction over
+    SASL_SSL; a restarted job reads its checkpoint's offsets over it. Exact."""
+    for name, value in secured.environ.items():
+        if name.startswith("SKEWER_KAFKA_"):  # the run's clients in this process: progress
+            monkeypatch.setenv(name, value)
+    records_total = 40_000
+    plan = RunPlan(
+        scheme="pkg",
+        records=records_total,
+        workers=4,
+        sources=2,
+        workload="zipf:z=1.2,keys=20000,seed=5",
+        rate=8_000,
+        window_ms=2_000,
+        cpu_cost_us=200,
+        max_records_per_batch=4_000,
+        run_id=f"tls-faults-{new_run_id()[5:]}",
+    )
+    with run_of(plan, config.load(secured.environ)) as pipeline:
+        pipeline.prepare()
+        pipeline.start_all()
+        wait_for(pipeline, lambda p: p.grouped >= 10_000, "a quarter grouped")
+        pipeline.kill("group")
+        assert pipeline.progress().grouped < records_total  # mid-run indeed
+        pipeline.start("group")
+        wait_for(pipeline, lambda p: p.processed >= 20_000, "half processed")
+        pipeline.kill("work")
+        assert pipeline.progress().processed < records_total
+        pipeline.start("work")
+        pipeline.wait(timeout=RUN_TIMEOUT)
+        summary = pipeline.summary()
+        assert summary.restarts == {"group": 1, "work": 1}
+        assert summary.verification.exact, "\n".join(summary.verification.lines())
+        assert summary.records_produced == summary.records_processed == records_total
+        assert summary.records_grouped == records_total
 
 
 def test_a_topic_of_ones_own_is_exact_against_sparks_recount(
