@@ -160,6 +160,46 @@ def fault_plan(scheme: str, tag: str, **fields: Any) -> RunPlan:
     return RunPlan(**{**plan, **fields})
 
 
+def kill_group_and_work_mid_run(
+    settings: config.Settings, run_id: str, records_total: int
+) -> RunSummary:
+    """``kill -9`` of ``skewer group`` (with its source processes) a quarter through, and of
+    ``skewer work`` (driver, JVM and Python workers) half way; both restart with the same
+    arguments (the Spark job from its checkpoint). The producer is paced and each worker waits
+    200 µs per record in micro-batches of at most 4,000 records, so both kills land mid-run.
+    Asserts each stage restarted once and every record was grouped; returns the summary."""
+    plan = RunPlan(
+        scheme="pkg",
+        records=records_total,
+        workers=4,
+        sources=2,
+        workload="zipf:z=1.2,keys=20000,seed=5",
+        rate=8_000,
+        window_ms=2_000,
+        cpu_cost_us=200,
+        max_records_per_batch=4_000,
+        run_id=run_id,
+    )
+    with run_of(plan, settings) as pipeline:
+        pipeline.prepare()
+        pipeline.start_all()
+        wait_for(pipeline, lambda p: p.grouped >= records_total // 4, "a quarter grouped")
+        pipeline.kill("group")
+        assert pipeline.progress().grouped < records_total  # mid-run indeed
+        pipeline.start("group")
+        wait_for(pipeline, lambda p: p.processed >= records_total // 2, "half processed")
+        pipeline.kill("work")
+        assert pipeline.progress().processed < records_total
+        pipeline.start("work")
+        pipeline.wait(timeout=RUN_TIMEOUT)
+        summary = pipeline.summary()
+    assert summary.restarts == {"group": 1, "work": 1}
+    assert summary.verification.exact, "\n".join(summary.verification.lines())
+    assert summary.records_produced == summary.records_processed == records_total
+    assert summary.records_grouped == records_total
+    return summary
+
+
 def wait_for_a_migration(pipeline: Pipeline, timeout: float = RUN_TIMEOUT) -> None:
     """Wait until the run's controller has a migration in flight (a table published, keys'
     state moving between workers)."""

@@ -30,7 +30,12 @@ from typing import Any
 import mmh3
 import numpy as np
 import pytest
-from live_runs import RUN_TIMEOUT, run_of, shared_spark_run, wait_for
+from live_runs import (
+    RUN_TIMEOUT,
+    kill_group_and_work_mid_run,
+    run_of,
+    shared_spark_run,
+)
 
 from pipeline.io import config, kafka_io, records
 from pipeline.runs.plan import RunPlan, new_run_id
@@ -146,44 +151,12 @@ def test_key_and_shuffle_route_as_their_definitions_say(
 def test_kill_9_of_the_grouping_stage_and_of_the_spark_job_keeps_counts_exact(
     settings: config.Settings,
 ) -> None:
-    """``kill -9`` of ``skewer group`` (with its source processes) a quarter through, and of
-    ``skewer work`` (driver, JVM and Python workers) half way; both restart with the same
-    arguments (the Spark job from its checkpoint). The producer is paced and each worker waits
-    200 µs per record in micro-batches of at most 4,000 records, so both kills land mid-run."""
-    records_total = 60_000
-    plan = RunPlan(
-        scheme="pkg",
-        records=records_total,
-        workers=4,
-        sources=2,
-        workload="zipf:z=1.2,keys=20000,seed=5",
-        rate=8_000,
-        window_ms=2_000,
-        cpu_cost_us=200,
-        max_records_per_batch=4_000,
-        run_id=f"e2e-faults-{new_run_id()[5:]}",
-    )
-    with run_of(plan, settings) as pipeline:
-        pipeline.prepare()
-        pipeline.start_all()
-        wait_for(pipeline, lambda p: p.grouped >= 15_000, "a quarter grouped")
-        before = pipeline.progress()
-        pipeline.kill("group")
-        assert before.grouped < records_total  # mid-run indeed
-        pipeline.start("group")
-        wait_for(pipeline, lambda p: p.processed >= 30_000, "half processed")
-        pipeline.kill("work")
-        killed_at = pipeline.progress().processed
-        assert killed_at < records_total
-        pipeline.start("work")
-        pipeline.wait(timeout=RUN_TIMEOUT)
-        summary = pipeline.summary()
-        assert summary.restarts == {"group": 1, "work": 1}
-        assert summary.verification.exact, "\n".join(summary.verification.lines())
-        assert summary.records_produced == summary.records_processed == records_total
-        assert summary.records_grouped == records_total
-        # 7.5 s of real event time (the producer is paced) in windows of 2 s: 4 or 5 windows.
-        assert summary.windows == summary.verification.windows >= 4
+    """``kill -9`` of ``skewer group`` a quarter through and of ``skewer work`` half way, both
+    restarted (:func:`live_runs.kill_group_and_work_mid_run`)."""
+    run_id = f"e2e-faults-{new_run_id()[5:]}"
+    summary = kill_group_and_work_mid_run(settings, run_id, 60_000)
+    # 7.5 s of real event time (the producer is paced) in windows of 2 s: 4 or 5 windows.
+    assert summary.windows == summary.verification.windows >= 4
 
 
 # --- bad input ----------------------------------------------------------------------------------

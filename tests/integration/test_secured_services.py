@@ -39,10 +39,10 @@ from urllib.parse import quote
 
 import pytest
 from certificates import KEYSTORE_PASSWORD, ServerCertificates, write_server_certificates
-from live_runs import RUN_TIMEOUT, free_ports, run_of, skewer, wait_for
+from live_runs import free_ports, kill_group_and_work_mid_run, skewer
 
 from pipeline.io import config, kafka_io, kafka_security, probes
-from pipeline.runs.plan import RunPlan, new_run_id
+from pipeline.runs.plan import new_run_id
 from pipeline.services import process
 from pipeline.services.kafka_broker import KafkaService
 
@@ -222,42 +222,15 @@ def test_kill_9_of_the_grouping_stage_and_of_the_spark_job_over_tls_keeps_counts
     secured: SecuredServices, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """test_end_to_end's fault test on the secured services: ``kill -9`` of ``skewer group`` a
-    quarter through and of ``skewer work`` half way, both restarted (the Spark job from its
-    checkpoint). A restarted source logs in again and fences its predecessor's transaction over
-    SASL_SSL; a restarted job reads its checkpoint's offsets over it. Exact."""
+    quarter through and of ``skewer work`` half way, both restarted
+    (:func:`live_runs.kill_group_and_work_mid_run`). A restarted source logs in again and
+    fences its predecessor's transaction over SASL_SSL; a restarted job reads its checkpoint's
+    offsets over it. Exact."""
     for name, value in secured.environ.items():
         if name.startswith("SKEWER_KAFKA_"):  # the run's clients in this process: progress
             monkeypatch.setenv(name, value)
-    records_total = 40_000
-    plan = RunPlan(
-        scheme="pkg",
-        records=records_total,
-        workers=4,
-        sources=2,
-        workload="zipf:z=1.2,keys=20000,seed=5",
-        rate=8_000,
-        window_ms=2_000,
-        cpu_cost_us=200,
-        max_records_per_batch=4_000,
-        run_id=f"tls-faults-{new_run_id()[5:]}",
-    )
-    with run_of(plan, config.load(secured.environ)) as pipeline:
-        pipeline.prepare()
-        pipeline.start_all()
-        wait_for(pipeline, lambda p: p.grouped >= 10_000, "a quarter grouped")
-        pipeline.kill("group")
-        assert pipeline.progress().grouped < records_total  # mid-run indeed
-        pipeline.start("group")
-        wait_for(pipeline, lambda p: p.processed >= 20_000, "half processed")
-        pipeline.kill("work")
-        assert pipeline.progress().processed < records_total
-        pipeline.start("work")
-        pipeline.wait(timeout=RUN_TIMEOUT)
-        summary = pipeline.summary()
-        assert summary.restarts == {"group": 1, "work": 1}
-        assert summary.verification.exact, "\n".join(summary.verification.lines())
-        assert summary.records_produced == summary.records_processed == records_total
-        assert summary.records_grouped == records_total
+    run_id = f"tls-faults-{new_run_id()[5:]}"
+    kill_group_and_work_mid_run(config.load(secured.environ), run_id, 40_000)
 
 
 def test_a_topic_of_ones_own_is_exact_against_sparks_recount(
