@@ -17,12 +17,12 @@ DEMO_ARGS ?= --scheme pkg --records 100000 --verify
 # wait on JVM starts, paced producers and closing windows, so two share two cores well. Test
 # sessions side by side are safe by design: leases on the shared services, a Redis database
 # per session, private services on random ports; `PYTEST_ARGS=...` runs one worker. Files go
-# out in xdist's order (most tests first), which mixes the JVM-heavy modules with light ones:
-# handing out the longest first put the two heaviest side by side and took 37 s longer.
+# out in xdist's order (most tests first), which mixes the JVM-heavy modules with light ones;
+# handing out the longest first would put the two heaviest side by side.
 PYTEST_ARGS ?= --timeout=900 --durations=30 --numprocesses 2 --dist loadfile
 # The Docker-backed tests (tests/service_backends.py says which and why), run by test-docker and
 # by the Docker pass of `SKEWER_TEST_DOCKER=1 make test`.
-DOCKER_TESTS := -m "live_path or docker" tests/integration tests/test_compose.py
+DOCKER_TESTS := -m "live_path or docker" tests/integration tests/compose
 
 .PHONY: help install system-packages python-env jars demo test test-docker up down status lint
 
@@ -34,6 +34,7 @@ help:
 	@echo "              and the Docker-backed tests on them; the engine is stopped afterwards"
 	@echo "make test-docker  the Docker-backed tests on the engine of DOCKER_HOST, local images"
 	@echo "make install  only the installs;  make up | down | status  the native services"
+	@echo "docs         README.md first, then docs/index.md; skewer --help for every flag"
 
 install: system-packages python-env jars
 
@@ -65,11 +66,11 @@ else
 	$(BIN)/pytest $(PYTEST_ARGS)
 endif
 
-# The Docker-backed part of the tests (issue 14) on the engine of DOCKER_HOST (`skewer services
-# up docker` starts one and prints the line to export): the local images, built or reused, then
-# the live path's integration tests on testcontainers with them, the Docker backend's own tests,
-# compose's own check of the file and the stack end to end (tests/service_backends.py says which
-# tests and why).
+# The Docker-backed part of the tests (docs/compose.md#tests-on-docker) on the engine of
+# DOCKER_HOST (`skewer services up docker` starts one and prints the line to export): the local
+# images, built or reused, then the live path's integration tests on testcontainers with them,
+# the Docker backend's own tests, compose's own check of the file and the stack end to end
+# (tests/service_backends.py says which tests and why).
 test-docker: install
 	$(BIN)/skewer images build --local
 	SKEWER_TEST_BACKEND=docker SKEWER_TEST_IMAGES=local $(BIN)/pytest $(PYTEST_ARGS) $(DOCKER_TESTS)

@@ -1,12 +1,28 @@
-"""End-to-end throughput and latency of every live scheme: issue 4's speed table.
+"""End-to-end throughput and latency of every live scheme.
 
+What it measures and how: :data:`METHOD`, the prose of bench/results/end_to_end.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.experiment import ExperimentResult, method_markdown, or_dash, ratio_or_dash
+
+#: What the benchmark measures and how: the prose of bench/results/end_to_end.md.
+METHOD = """\
 ``skewer bench e2e`` runs the whole live pipeline once per scheme -- ``skewer produce``,
 ``group``, ``work`` (its own Spark application) and ``aggregate`` as subprocesses, exactly as
 ``skewer demo`` does (``pipeline.runs.orchestrator.run_pipeline``) -- on the same stream (Zipf
 z = 1.2, W = 8 workers, S = 2 sources) and writes one table into
 ``bench/results/end_to_end.md``.
 
-How throughput is measured, and why. The PKG paper's Storm experiment (PKG §V, pkg.md) gives
+How throughput is measured, and why. The PKG paper's Storm experiment (Nasir et al., The Power
+of Both Choices, ICDE 2015, §V) gives
 each record 0.1-1 ms of work so that an overloaded worker costs throughput. Here the CPU-cost
 knob makes every worker wait ``C`` µs per record (``skewer work --cpu-cost-us``; a wait, not a
 CPU burn, so 8 workers on 2 cores behave like 8 machines), which caps a worker at ``10^6 / C``
@@ -24,16 +40,6 @@ Latency (p50/p99) is the workers' histogram: from the grouping stage's write to 
 worker's apply. Under a saturating load it is mostly queueing in ``work`` behind the hottest
 worker, so p99 is close to the time that worker needs to drain its backlog.
 """
-
-from __future__ import annotations
-
-import os
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
-
-from bench.experiment import ExperimentResult, docstring_markdown, or_dash, ratio_or_dash
 
 LIVE_SCHEMES = ("key", "shuffle", "pkg", "d-choices", "w-choices", "fish", "consistent")
 WORKLOAD = "zipf:z=1.2,keys=100000,seed=0"
@@ -87,13 +93,29 @@ def batch_limit(cpu_cost_us: float) -> int | None:
 
 @dataclass
 class Trace:
-    """What the bench samples while a run goes (about once a second)."""
+    """What the bench samples while a run goes (about once a second): the hooks of
+    :func:`pipeline.runs.orchestrator.run_pipeline` (:meth:`start`, :meth:`sample`,
+    :meth:`end`)."""
 
     #: (seconds since start, records grouped, records processed by the workers)
     samples: list[tuple[float, int, int]] = field(default_factory=list)
     #: The workers' latency histogram when the steady state began, and at the end.
     latency_at_steady: dict[int, int] | None = None
     latency_at_end: dict[int, int] = field(default_factory=dict)
+    #: The run being traced, from :meth:`start` on.
+    pipeline: Any = field(default=None, repr=False)
+
+    def start(self, pipeline: Any) -> None:
+        self.pipeline = pipeline
+
+    def sample(self, progress: Any) -> None:
+        plan = self.pipeline.plan
+        self.samples.append((progress.elapsed, progress.grouped, progress.processed))
+        if self.latency_at_steady is None and progress.processed >= STEADY_FROM * plan.records:
+            self.latency_at_steady = self.pipeline.store.latency_histogram(plan.workers)
+
+    def end(self, pipeline: Any, _summary: Any) -> None:
+        self.latency_at_end = pipeline.store.latency_histogram(pipeline.plan.workers)
 
     def steady_rate(self, records: int) -> float | None:
         """Records per second the workers processed while a backlog existed, between
@@ -124,24 +146,18 @@ def traced_run(
 ) -> tuple[Any, Trace]:
     """:func:`pipeline.runs.orchestrator.run_pipeline`, sampling progress and latency;
     ``environ`` the stages' environment (default: this process's)."""
-    from pipeline.runs.orchestrator import Pipeline
+    from pipeline.runs.orchestrator import run_pipeline
 
     trace = Trace()
-    with Pipeline(plan, settings, environ=environ) as pipeline:
-        pipeline.prepare()
-        pipeline.start_all()
-
-        def sample(progress: Any) -> None:
-            trace.samples.append((progress.elapsed, progress.grouped, progress.processed))
-            if trace.latency_at_steady is None and progress.processed >= STEADY_FROM * (
-                plan.records
-            ):
-                trace.latency_at_steady = pipeline.store.latency_histogram(plan.workers)
-
-        pipeline.wait(timeout=RUN_TIMEOUT, on_progress=sample)
-        summary = pipeline.summary()
-        trace.latency_at_end = pipeline.store.latency_histogram(plan.workers)
-        pipeline.cleanup()
+    summary = run_pipeline(
+        plan,
+        settings,
+        timeout=RUN_TIMEOUT,
+        environ=environ,
+        on_start=trace.start,
+        on_progress=trace.sample,
+        on_end=trace.end,
+    )
     return summary, trace
 
 
@@ -236,7 +252,7 @@ def markdown(rows: Sequence[dict[str, Any]], records: int, cpu_cost_us: float) -
         vs_key, vs_shuffle = pkg["throughput"] / key, pkg["throughput"] / shuffle
         lines += [
             "",
-            "Targets (issue 4):",
+            "Targets:",
             "",
             f"- pkg >= 1.6x key throughput: {vs_key:.2f}x -- "
             + ("met." if vs_key >= 1.6 else "missed."),
@@ -329,23 +345,21 @@ def run(
     and latency at 25 % of it; the services must answer. The workers run on ``spark_master``
     (default: the settings', ``local`` unless ``SKEWER_SPARK_MASTER`` says otherwise)."""
     from pipeline.io import config
-    from pipeline.runs.plan import RunPlan, new_run_id
+    from pipeline.runs.plan import plan_run
 
     settings = config.load()
-    base = RunPlan(
-        scheme=schemes[0],
-        records=records,
-        workers=WORKERS,
-        sources=SOURCES,
-        workload=WORKLOAD,
-        cpu_cost_us=cpu_cost_us,
-        spark_master=spark_master or settings.spark_master,
-        max_records_per_batch=batch_limit(cpu_cost_us),
-    )
+    base: dict[str, Any] = {
+        "records": records,
+        "workers": WORKERS,
+        "sources": SOURCES,
+        "workload": WORKLOAD,
+        "cpu_cost_us": cpu_cost_us,
+        "spark_master": spark_master,
+        "max_records_per_batch": batch_limit(cpu_cost_us),
+    }
 
-    def measured(plan: RunPlan, label: str) -> dict[str, Any]:
-        plan = replace(plan, run_id=f"bench-{new_run_id()[5:]}")
-        plan.validate()
+    def measured(label: str, **fields: Any) -> dict[str, Any]:
+        plan = plan_run(settings, run_prefix="bench", **{**base, **fields})
         began = time.monotonic()
         summary, trace = traced_run(plan, settings)
         figures = row(summary, trace)
@@ -358,8 +372,7 @@ def run(
         return figures
 
     load_average = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    rows = [measured(replace(base, scheme=scheme), scheme) for scheme in schemes]
-    body = markdown(rows, records, cpu_cost_us)
+    rows = [measured(scheme, scheme=scheme) for scheme in schemes]
     latency_rows: list[dict[str, Any]] = []
     zero_cost: dict[str, Any] | None = None
     if latency_loads:
@@ -369,31 +382,29 @@ def run(
         for scheme in [s for s in ("key", "pkg", best) if s]:
             for load in latency_loads:
                 rate = load * even_bound
-                plan = replace(base, scheme=scheme, rate=rate, records=int(rate * LATENCY_SECONDS))
-                figures = measured(plan, f"{scheme} at {load:.0%}")
+                figures = measured(
+                    f"{scheme} at {load:.0%}",
+                    scheme=scheme,
+                    rate=rate,
+                    records=int(rate * LATENCY_SECONDS),
+                )
                 latency_rows.append({**figures, "load": load, "rate": rate})
         saturated = measured(
-            replace(
-                base,
-                scheme="pkg",
-                records=ZERO_COST_RECORDS,
-                cpu_cost_us=0.0,
-                max_records_per_batch=batch_limit(0.0),
-            ),
             "pkg at zero cost, saturating",
+            scheme="pkg",
+            records=ZERO_COST_RECORDS,
+            cpu_cost_us=0.0,
+            max_records_per_batch=batch_limit(0.0),
         )
         capacity = saturated["steady_rate"] or saturated["throughput"]
         rate = 0.25 * capacity
         quarter = measured(
-            replace(
-                base,
-                scheme="pkg",
-                cpu_cost_us=0.0,
-                max_records_per_batch=batch_limit(0.0),
-                rate=rate,
-                records=int(rate * LATENCY_SECONDS),
-            ),
             "pkg at zero cost, 25 %",
+            scheme="pkg",
+            cpu_cost_us=0.0,
+            max_records_per_batch=batch_limit(0.0),
+            rate=rate,
+            records=int(rate * LATENCY_SECONDS),
         )
         zero_cost = {
             **quarter,
@@ -401,17 +412,27 @@ def run(
             "capacity_is_steady": bool(saturated["steady_rate"]),
             "rate": rate,
         }
-        body += "\n" + latency_markdown(latency_rows, cpu_cost_us, zero_cost)
-    body = f"Load average (1, 5, 15 min) when the run started: {load_average}.\n\n" + body
+    data = {
+        "records": records,
+        "cpu_cost_us": cpu_cost_us,
+        "rows": rows,
+        "latency_rows": latency_rows,
+        "zero_cost": zero_cost,
+    }
     return ExperimentResult(
         name="end_to_end",
         title="End to end: throughput and latency of every live scheme (Zipf z = 1.2, W = 8)",
-        markdown=docstring_markdown(__doc__) + "\n\n" + body,
-        data={
-            "records": records,
-            "cpu_cost_us": cpu_cost_us,
-            "rows": rows,
-            "latency_rows": latency_rows,
-            "zero_cost": zero_cost,
-        },
+        markdown=results_markdown(data, load_average),
+        data=data,
     )
+
+
+def results_markdown(data: dict[str, Any], load_average: str) -> str:
+    """``end_to_end.md`` below its header, from the figures of a run (``end_to_end.json``)
+    and the load average when it started: how the recorded results re-render."""
+    body = markdown(data["rows"], data["records"], data["cpu_cost_us"])
+    if data["zero_cost"] is not None:  # the latency runs ran
+        latency = latency_markdown(data["latency_rows"], data["cpu_cost_us"], data["zero_cost"])
+        body += "\n" + latency
+    body = f"Load average (1, 5, 15 min) when the run started: {load_average}.\n\n" + body
+    return method_markdown(METHOD) + "\n\n" + body

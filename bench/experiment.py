@@ -27,14 +27,14 @@ class ExperimentResult:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-def docstring_markdown(doc: str | None) -> str:
-    """A live benchmark module's docstring past its first paragraph, as the Markdown that
-    explains its results: what is measured, and how.
+def method_markdown(method: str) -> str:
+    """A live benchmark's ``METHOD`` (what it measures, and how; reStructuredText literals) as
+    the Markdown that explains its results.
 
-    >>> docstring_markdown("Title.\\n\\nRuns ``skewer demo``.\\n")
+    >>> method_markdown("Runs ``skewer demo``.\\n")
     'Runs `skewer demo`.'
     """
-    return (doc or "").split("\n\n", 1)[1].strip().replace("``", "`")
+    return method.strip().replace("``", "`")
 
 
 def or_dash(value: float | None, pattern: str) -> str:

@@ -22,12 +22,6 @@ left out) to the last commit.
 Measurements come in pairs, passthrough and scheme back to back (the order alternating from one
 pair to the next), and each ratio divides the scheme's rate by its own pair's passthrough, so
 a busy neighbour on a shared machine slows both sides of a ratio alike.
-
-Example (the table is plain markdown):
-    >>> print(table([{"scheme": "key", "rate": 2e5, "passthrough": 2.2e5, "ratio": 0.909}]))
-    | scheme | records/s | passthrough records/s | ratio | >= 0.8 |
-    |---|---:|---:|---:|---|
-    | key | 200,000 | 220,000 | 0.91 | yes |
 """
 
 from __future__ import annotations
@@ -46,6 +40,8 @@ import numpy as np
 
 from operators import registry
 from pipeline.io import config, kafka_io
+from pipeline.io.redis_client import connect_redis
+from pipeline.io.state_store import StateStore
 from pipeline.stages import grouping
 from pipeline.stages.grouping import BatchOutput, GroupingSource, SourceWatermark, StageConfig
 
@@ -130,6 +126,14 @@ def measure(
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    """The results table, plain markdown.
+
+    Example (the table is plain markdown):
+        >>> print(table([{"scheme": "key", "rate": 2e5, "passthrough": 2.2e5, "ratio": 0.909}]))
+        | scheme | records/s | passthrough records/s | ratio | >= 0.8 |
+        |---|---:|---:|---:|---|
+        | key | 200,000 | 220,000 | 0.91 | yes |
+    """
     lines = [
         "| scheme | records/s | passthrough records/s | ratio | >= 0.8 |",
         "|---|---:|---:|---:|---|",
@@ -174,7 +178,7 @@ def run(
     settings = config.load()
     bootstrap = settings.kafka_bootstrap
     kafka_io.require_kafka(bootstrap)
-    redis_client = kafka_io.connect_redis(settings.redis_url)
+    redis_client = connect_redis(settings.redis_url)
     tag = uuid.uuid4().hex[:8]
     prefix = f"bench-stage-{tag}-"
     setup = kafka_io.RunNames(f"bench-stage-{tag}", prefix)
@@ -238,8 +242,7 @@ def run(
             bootstrap,
             [setup.keys_topic, setup.work_topic, setup.dead_letters_topic, setup.results_topic],
         )
-        for key in redis_client.scan_iter(match=f"skewer:{setup.run_id}*"):
-            redis_client.delete(key)
+        StateStore(redis_client, setup.run_id).delete_run()
         redis_client.close()
     return {
         "records": records,

@@ -1,6 +1,22 @@
 """Routing-table schemes live: planning time, migrated state against the ideal and against the
-simulator, and how long records of moved keys are held back (issue 5's speed section).
+simulator, and how long records of moved keys are held back.
 
+What it measures and how: :data:`METHOD`, the prose of bench/results/migration.md (and of
+migration_5s.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from bench.experiment import ExperimentResult, method_markdown, or_dash
+
+#: What the benchmark measures and how: the prose of bench/results/migration*.md.
+METHOD = """\
 ``skewer bench migration`` does two things.
 
 1. *Planning on the controller's path* for 10^6 tracked keys at N = 10 workers: the merge of
@@ -27,16 +43,6 @@ that reached their new worker before their state; the longest any of them waited
 held record's apply to the migration's completion) against the interval; and the longest
 migration (publication to completion: how far behind the slowest old worker was).
 """
-
-from __future__ import annotations
-
-import os
-from collections.abc import Callable, Sequence
-from typing import Any
-
-import numpy as np
-
-from bench.experiment import ExperimentResult, docstring_markdown, or_dash
 
 TABLE_SCHEMES = ("scan", "redist", "readj", "llfd", "mintable", "minmig", "mixed")
 WORKLOAD = "drift:mode=fluctuate,z=1.0,keys=5000,intervals=4,workers=8,seed=3"
@@ -93,11 +99,13 @@ def planning_seconds(
 
 def live_run(scheme: str, settings: Any, interval: float) -> dict[str, Any]:
     """One live run of ``scheme`` with its controller; its migrations and intervals."""
-    from pipeline.runs import orchestrator
-    from pipeline.runs.plan import RunPlan, new_run_id
+    from pipeline.runs.orchestrator import run_pipeline
+    from pipeline.runs.plan import plan_run
     from pipeline.stages.control_plane import ControlPlane
 
-    plan = RunPlan(
+    plan = plan_run(
+        settings,
+        run_prefix="bench-mig",
         scheme=scheme,
         records=RECORDS,
         workers=WORKERS,
@@ -105,16 +113,13 @@ def live_run(scheme: str, settings: Any, interval: float) -> dict[str, Any]:
         workload=WORKLOAD,
         rate=RATE,
         control_interval=interval,
-        run_id=f"bench-mig-{new_run_id()[5:]}",
     )
-    plan.validate()
-    with orchestrator.Pipeline(plan, settings) as pipeline:
-        pipeline.prepare()
-        pipeline.start_all()
-        pipeline.wait(timeout=RUN_TIMEOUT)
-        summary = pipeline.summary()
-        intervals = ControlPlane(pipeline.store.client, plan.run_id).intervals()
-        pipeline.cleanup()
+    intervals: list[dict[str, Any]] = []
+
+    def read_intervals(pipeline: Any, _summary: Any) -> None:
+        intervals.extend(ControlPlane(pipeline.store.client, plan.run_id).intervals())
+
+    summary = run_pipeline(plan, settings, timeout=RUN_TIMEOUT, on_end=read_intervals)
     return {"summary": summary, "migrations": summary.migrations, "intervals": intervals}
 
 
@@ -230,6 +235,6 @@ def run(
     return ExperimentResult(
         name="migration" if interval == INTERVAL else f"migration_{interval:g}s",
         title=f"Routing-table schemes live: planning, migrated state, hold-back ({interval:g} s)",
-        markdown=docstring_markdown(__doc__) + "\n\n" + body,
+        markdown=method_markdown(METHOD) + "\n\n" + body,
         data={"interval": interval, "rows": [dict(r) for r in rows]},
     )

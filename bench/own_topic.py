@@ -21,12 +21,6 @@ Each measurement runs one source (:class:`bench.grouping_stage.TimedSource`, the
 commit. Measurements come in rounds, the three inputs back to back in an order that rotates
 from round to round, and each ratio divides a user topic's rate by skewer's format in the same
 round; the table shows the round with the median ratio.
-
-Example (the table is plain markdown):
-    >>> print(table([{"input": "JSON", "rate": 2e5, "own": 2.5e5, "ratio": 0.8}]))
-    | input | records/s | skewer's format records/s | ratio | >= 0.7 |
-    |---|---:|---:|---:|---|
-    | JSON | 200,000 | 250,000 | 0.80 | yes |
 """
 
 from __future__ import annotations
@@ -42,6 +36,8 @@ import numpy as np
 from bench.experiment import ExperimentResult
 from bench.grouping_stage import TimedSource, measure
 from pipeline.io import config, extractors, kafka_io
+from pipeline.io.redis_client import connect_redis
+from pipeline.io.state_store import StateStore
 from pipeline.stages.grouping import DEFAULT_BATCH_SIZE, StageConfig
 from pipeline.stages.user_topic import UserTopic
 
@@ -57,6 +53,14 @@ INPUTS = {
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    """The results table, plain markdown.
+
+    Example (the table is plain markdown):
+        >>> print(table([{"input": "JSON", "rate": 2e5, "own": 2.5e5, "ratio": 0.8}]))
+        | input | records/s | skewer's format records/s | ratio | >= 0.7 |
+        |---|---:|---:|---:|---|
+        | JSON | 200,000 | 250,000 | 0.80 | yes |
+    """
     lines = [
         "| input | records/s | skewer's format records/s | ratio | >= 0.7 |",
         "|---|---:|---:|---:|---|",
@@ -110,7 +114,7 @@ def run(
     settings = config.load()
     bootstrap = settings.kafka_bootstrap
     kafka_io.require_kafka(bootstrap)
-    redis_client = kafka_io.connect_redis(settings.redis_url)
+    redis_client = connect_redis(settings.redis_url)
     tag = uuid.uuid4().hex[:8]
     prefix = f"bench-own-{tag}-"
     setup = kafka_io.RunNames(f"bench-own-{tag}", prefix)
@@ -161,8 +165,7 @@ def run(
                 log(f"round {round_ + 1}: {name:>5} {result['rate']:>10,.0f} records/s")
     finally:
         kafka_io.delete_topics(bootstrap, [*created, *_run_topics(setup)])
-        for key in redis_client.scan_iter(match=f"skewer:{setup.run_id}*"):
-            redis_client.delete(key)
+        StateStore(redis_client, setup.run_id).delete_run()
         redis_client.close()
     rows = []
     for name in INPUTS:

@@ -1,6 +1,32 @@
 """Scaling out: the workers on 1, 2 and 4 Spark executors, and the grouping stage on topics of
-one replica against three (issue 13, point 6).
+one replica against three.
 
+What it measures and how: :data:`METHOD`, the prose of bench/results/scale.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from bench.end_to_end import row, traced_run
+from bench.experiment import ExperimentResult, method_markdown, ratio_or_dash
+from bench.grouping_stage import TimedSource, measure
+from pipeline.io import config, kafka_io
+from pipeline.io.redis_client import connect_redis
+from pipeline.io.state_store import StateStore
+from pipeline.services import manager, spark_standalone
+from pipeline.services.kafka_broker import node_name
+
+#: What the benchmark measures and how: the prose of bench/results/scale.md.
+METHOD = """\
 ``skewer bench scale`` writes ``bench/results/scale.md`` (and ``.json``), headed by the command
 and the machine. Both parts are ratios measured side by side in the one run.
 
@@ -27,25 +53,6 @@ ones, its own run folder). Pairs run back to back in alternating order, and the 
 the three-replica rate by its own pair's one-replica rate; the table shows the pair with the
 median ratio (the loop and timing of ``bench/grouping_stage.py``).
 """
-
-from __future__ import annotations
-
-import contextlib
-import dataclasses
-import os
-import time
-import uuid
-from collections.abc import Callable, Iterator
-from typing import Any
-
-import numpy as np
-
-from bench.end_to_end import row, traced_run
-from bench.experiment import ExperimentResult, docstring_markdown, ratio_or_dash
-from bench.grouping_stage import TimedSource, measure
-from pipeline.io import config, kafka_io
-from pipeline.services import manager, spark_standalone
-from pipeline.services.kafka_broker import node_name
 
 EXECUTORS = (1, 2, 4)
 WORKERS = 4
@@ -78,12 +85,14 @@ def standalone_cluster(settings: config.Settings) -> Iterator[str]:
 
 def executor_rows(settings: config.Settings, records: int, cpu_cost_us: float, log: Log) -> list:
     """One pipeline run per executor count, on the standalone cluster."""
-    from pipeline.runs.plan import RunPlan, new_run_id
+    from pipeline.runs.plan import plan_run
 
     rows = []
     with standalone_cluster(settings) as master:
         for executors in EXECUTORS:
-            plan = RunPlan(
+            plan = plan_run(
+                settings,
+                run_prefix="bench-scale",
                 scheme="pkg",
                 records=records,
                 workers=WORKERS,
@@ -93,9 +102,7 @@ def executor_rows(settings: config.Settings, records: int, cpu_cost_us: float, l
                 spark_master=master,
                 tasks=executors,
                 max_records_per_batch=BATCH_RECORDS,
-                run_id=f"bench-scale-{new_run_id()[5:]}",
             )
-            plan.validate()
             # PySpark passes these to spark-submit when the work stage starts its session.
             confs = {
                 "spark.executor.cores": "1",
@@ -151,7 +158,7 @@ def replication_rows(settings: config.Settings, records: int, log: Log) -> list:
     from producers.kafka_producer import produce_stream
     from producers.workloads import parse
 
-    redis_client = kafka_io.connect_redis(settings.redis_url)
+    redis_client = connect_redis(settings.redis_url)
     tag = uuid.uuid4().hex[:8]
     setups = {
         replicas: kafka_io.RunNames(f"bench-replicas-{tag}-{replicas}", f"bench-r{replicas}-{tag}-")
@@ -198,8 +205,7 @@ def replication_rows(settings: config.Settings, records: int, log: Log) -> list:
             for names in setups.values():
                 topics = [names.keys_topic, names.work_topic, names.dead_letters_topic]
                 kafka_io.delete_topics(bootstrap, [*topics, names.late_topic, names.results_topic])
-                for key in redis_client.scan_iter(match=f"skewer:{names.run_id}*"):
-                    redis_client.delete(key)
+                StateStore(redis_client, names.run_id).delete_run()
             redis_client.close()
     return [
         {"one": p[1]["rate"], "three": p[3]["rate"], "ratio": p[3]["rate"] / p[1]["rate"]}
@@ -277,7 +283,7 @@ def run(
     return ExperimentResult(
         name="scale",
         title="Scaling out: Spark executors, and Kafka replication",
-        markdown=docstring_markdown(__doc__) + "\n\n" + body,
+        markdown=method_markdown(METHOD) + "\n\n" + body,
         data={
             "cpu_cost_us": cpu_cost_us,
             "executor_rows": executors,

@@ -1,4 +1,4 @@
-"""Speed of the core: routing, simulation and planning, against the issue's targets.
+"""Speed of the core: routing, simulation and planning, against their targets.
 
 ``skewer bench speed`` writes ``bench/results/speed.md``. Everything runs single-threaded
 (no ``parallel=True`` anywhere in the core), so a rate is a per-core rate. Rates are computed

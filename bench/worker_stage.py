@@ -1,5 +1,36 @@
 """The worker stage against what a Spark user would write instead, in one run on one topic.
 
+What it measures and how: :data:`METHOD`, the prose of bench/results/worker_stage.md.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bench.experiment import ExperimentResult, method_markdown
+from operators import registry
+from operators.keys import KeyBatch
+from operators.windows import count_per_window_key
+from pipeline.io import config, kafka_io, records
+from pipeline.io.state_store import StateStore
+from pipeline.stages import worker_job
+from producers import workloads
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+#: What the benchmark measures and how: the prose of bench/results/worker_stage.md.
+METHOD = """\
 ``skewer bench worker`` writes ``bench/results/worker_stage.md`` (and ``.json``), headed by
 the command and the machine. Needs a running broker and Redis (``skewer services up``).
 
@@ -29,39 +60,7 @@ Where skewer's time goes comes from two sources: each Spark task's own clock
 (:class:`pipeline.stages.worker_job.TaskSummary`: reading Spark's Arrow batches, decoding,
 counting, the Redis apply) and Spark's progress reports of the same query
 (``StreamingQueryProgress.durationMs``: offsets, planning, the batch, the logs).
-
-Example (the table is plain markdown):
-    >>> print(table([{"round": 1, "spark": 2e5, "skewer": 2.2e5, "exact": True}]))
-    | round | Spark groupBy().count() records/s | skewer records/s | skewer / Spark | exact |
-    |---|---:|---:|---:|---|
-    | 1 | 200,000 | 220,000 | 1.10 | yes |
 """
-
-from __future__ import annotations
-
-import re
-import statistics
-import tempfile
-import time
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
-
-from bench.experiment import ExperimentResult
-from operators import registry
-from operators.keys import KeyBatch
-from operators.windows import count_per_window_key
-from pipeline.io import config, kafka_io, records
-from pipeline.io.state_store import StateStore
-from pipeline.stages import worker_job
-from producers import workloads
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 WORKERS = 8
 WINDOW_MS = 10_000
@@ -219,6 +218,14 @@ def counts_exact(store: StateStore, expected: Expected) -> bool:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    """The results table, plain markdown.
+
+    Example (the table is plain markdown):
+        >>> print(table([{"round": 1, "spark": 2e5, "skewer": 2.2e5, "exact": True}]))
+        | round | Spark groupBy().count() records/s | skewer records/s | skewer / Spark | exact |
+        |---|---:|---:|---:|---|
+        | 1 | 200,000 | 220,000 | 1.10 | yes |
+    """
     lines = [
         "| round | Spark groupBy().count() records/s | skewer records/s | skewer / Spark | exact |",
         "|---|---:|---:|---:|---|",
@@ -334,12 +341,7 @@ def run(
     return ExperimentResult(
         name="worker_stage",
         title="Worker stage at zero cost: skewer's job against Spark's own windowed count",
-        markdown=re.sub(r":\w+:`", "`", __doc__.split("\n\n", 1)[1].split("\nExample")[0])
-        .strip()
-        .replace("``", "`")
-        + "\n\n"
-        + "\n".join(body)
-        + "\n",
+        markdown=re.sub(r":\w+:`", "`", method_markdown(METHOD)) + "\n\n" + "\n".join(body) + "\n",
         data={
             "records": records_count,
             "workers": WORKERS,

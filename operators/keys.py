@@ -332,6 +332,19 @@ def _gather(
             out[dst + j] = data[src + j]
 
 
+@numba.njit(inline="always")
+def probe_slot(
+    slot_keys: np.ndarray, occupancy: np.ndarray, free: int, key: np.int64, slot: np.int64
+) -> np.int64:
+    """From ``slot`` on, the slot of an open-addressing table (linear probing, power-of-two
+    size) that holds ``key``, or the first free one; ``occupancy[s] == free`` marks a free slot.
+    The compiled per-key tables of PoTC, lossy counting and Fang's key counter share it."""
+    mask = slot_keys.shape[0] - 1
+    while occupancy[slot] != free and slot_keys[slot] != key:
+        slot = (slot + 1) & mask
+    return slot
+
+
 #: Largest W for which :func:`abs_mod` takes its division-free path (see there).
 _FAST_MOD_LIMIT = 1 << 21
 

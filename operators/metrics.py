@@ -1,24 +1,11 @@
 """The papers' load-balance, memory and time metrics, as pure functions of loads and routings.
 
-- Load ``L_i(t)``: records worker ``i`` has received up to time ``t``, cumulative from the
-  start, every record one unit (PKG §II, pkg.md §2.1).
-- Imbalance ``I(t) = max_i L_i(t) − avg_i L_i(t)`` (PKG §II, pkg.md §2.2); PKG's Table II
-  averages it over the run ("average imbalance", absolute records) and Fig. 2 divides that
-  average by the stream length ("fraction of average imbalance").
-- ``λ = max_i L_i / avg_i L_i``: Fang et al.'s "workload skewness" (mixed.md §5.1).
-- Replication: distinct (key, worker) pairs / distinct keys, i.e. the state entries a
-  stateful operator keeps relative to key grouping (FISH §6.2 normalises memory to FG; PKG
-  §V-Q4 counts counters: KG = K, PKG <= 2K, SG <= WK).
-- Execution time (FISH §6.1, fish.md §3.1): the paper measures balance as the simulated time
-  to process the stream, normalised to shuffle grouping, but its cost model was lost in the
-  text. Ours is a FIFO queue per worker: record ``t`` (0-based, stream order) arrives at time
-  ``t / Σ_i v_i`` -- the stream comes in exactly as fast as the whole cluster can serve it --
-  and worker ``i`` serves one record in ``1 / v_i``. Execution time is when the last worker
-  finishes (the makespan). With equal speeds and perfect balance it is about ``m / W``; a
-  worker that receives more than its share ``v_i / Σ v`` builds a backlog, so the makespan
-  grows with the imbalance; a backlog built early drains if the worker later receives less
-  than its share (which a final-loads-only model would miss on time-evolving streams). On a
-  stationary stream with equal speeds the makespan relative to shuffle is close to λ.
+Layer: operators. Load ``L_i(t)`` and imbalance ``I(t) = max_i L_i(t) − avg_i L_i(t)`` (Nasir
+et al., "The Power of Both Choices", ICDE 2015, §II); ``λ = max/avg``, Fang et al.'s "workload
+skewness" ("Parallel Stream Processing Against Workload Skewness and Variance", §5.1);
+replication, the (key, worker) pairs per key; and execution time, the makespan of a FIFO
+queue per worker (FISH, "Efficient Time-Evolving Stream Processing at Scale", §6.1, whose
+cost model was lost: ours is in docs/schemes.md#metrics).
 
 Example:
     >>> import numpy as np

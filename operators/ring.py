@@ -1,5 +1,6 @@
 """A consistent-hash ring with virtual nodes (Karger et al.), vectorized over batches of keys.
 
+Layer: operators.
 Each worker ``w`` owns ``replicas`` points on a 64-bit ring, at
 ``murmur3_x64_128("w#r", seed)[:64]`` for ``r`` in ``0..replicas-1``. A key sits at its
 :meth:`KeyBatch.key_ids` fingerprint and belongs to the first point clockwise (the smallest
@@ -7,12 +8,9 @@ point ``>=`` the key, wrapping past the top). Adding a worker therefore takes ke
 others, never moves keys between existing workers, and gives the newcomer about ``1/N`` of the
 keys once ``replicas`` is large (Gedik §4.1 uses 1000; FISH §5 uses virtual nodes likewise).
 
-Lookup is O(1) expected by *bucketing* the ring, as Karger et al. and Gedik §5.2 suggest: the
-64-bit space is cut into ``2^b >= 2·points`` equal buckets, each remembering the first point at
-or after its start, so a lookup jumps to its bucket and steps past at most a few points; a
-bucket with no point inside stores its owner outright (about 60% of them), so most lookups
-touch one small array. Rings only change when workers come or go, while lookups run per
-record, so the index is rebuilt on ``add``/``remove``.
+Lookup is O(1) expected by *bucketing* the ring (Karger et al.; Gedik §5.2): ``2^b >= 2·points``
+equal buckets each remember the first point at or after their start, or their owner outright
+when no point lies inside (about 60% of them); the index is rebuilt on ``add``/``remove``.
 
 Example:
     >>> import numpy as np
@@ -118,26 +116,21 @@ class HashRing:
         self.points, self.point_owner = self.points[keep], self.point_owner[keep]
         self._index()
 
-    def _start_points(self, positions: np.ndarray) -> np.ndarray:
+    def _positions(self, positions: np.ndarray) -> np.ndarray:
+        """``positions`` as the contiguous int64 array the compiled lookups take."""
         if not self._workers:
             raise ValueError("ring has no workers")
-        return _first_points(
-            self.points,
-            self._bucket_first,
-            self._bucket_bits,
-            np.ascontiguousarray(positions, dtype=np.int64),
-        )
+        return np.ascontiguousarray(positions, dtype=np.int64)
+
+    def _start_points(self, positions: np.ndarray) -> np.ndarray:
+        positions = self._positions(positions)
+        return _first_points(self.points, self._bucket_first, self._bucket_bits, positions)
 
     def owners(self, positions: np.ndarray) -> np.ndarray:
         """The worker owning each ring position (e.g. ``KeyBatch.key_ids()``)."""
-        if not self._workers:
-            raise ValueError("ring has no workers")
+        positions = self._positions(positions)
         return _owners(
-            self.points,
-            self.point_owner,
-            self._bucket_entry,
-            self._bucket_bits,
-            np.ascontiguousarray(positions, dtype=np.int64),
+            self.points, self.point_owner, self._bucket_entry, self._bucket_bits, positions
         )
 
     def successors(self, positions: np.ndarray, count: int) -> np.ndarray:
@@ -152,17 +145,21 @@ class HashRing:
 
 
 @numba.njit(inline="always")
+def _walk_to(points: np.ndarray, index: np.int64, position: np.int64) -> np.int64:
+    """The first point at or after ``index`` that is ``>= position``, wrapping to 0 past the top
+    (``index`` is a bucket's first point, so the walk is a few steps at most)."""
+    n_points = points.shape[0]
+    while index < n_points and points[index] < position:
+        index += 1
+    return index if index < n_points else 0
+
+
+@numba.njit(inline="always")
 def _first_point(
     points: np.ndarray, bucket_first: np.ndarray, bits: int, position: np.int64
 ) -> np.int64:
     bucket = (np.uint64(position) ^ _SIGN_BIT) >> np.uint64(64 - bits)
-    index = bucket_first[bucket]
-    n_points = points.shape[0]
-    while index < n_points and points[index] < position:
-        index += 1
-    if index == n_points:
-        index = 0
-    return index
+    return _walk_to(points, bucket_first[bucket], position)
 
 
 @numba.njit(cache=True)
@@ -184,17 +181,13 @@ def _owners(
     positions: np.ndarray,
 ) -> np.ndarray:
     out = np.empty(positions.shape[0], dtype=np.int32)
-    n_points = points.shape[0]
     for i in range(positions.shape[0]):
         position = positions[i]
         entry = bucket_entry[(np.uint64(position) ^ _SIGN_BIT) >> np.uint64(64 - bits)]
         if entry >= 0:
             out[i] = entry
-            continue
-        index = -(np.int64(entry) + 1)
-        while index < n_points and points[index] < position:
-            index += 1
-        out[i] = point_owner[index if index < n_points else 0]
+        else:
+            out[i] = point_owner[_walk_to(points, -(np.int64(entry) + 1), position)]
     return out
 
 

@@ -1,30 +1,12 @@
 """Drives grouping schemes over a key stream without Kafka, and measures the papers' metrics.
 
-The simulated DAG is the one every seed paper uses (PKG §V-A, FISH §6.1): a stream read by
-``S`` sources through shuffle grouping -- record ``i`` goes to source ``i mod S`` -- each
-source with its own scheme object, routing to ``W`` workers. Records are routed in batches:
-each source's slice of a batch goes through its object in order, so every decision equals
-what record-at-a-time routing would give, and all per-record work is numpy or compiled.
-
-Hooks a scheme may offer (all optional; see :class:`Router`):
-
-- ``global_estimation = True`` (class attribute): ONE object routes the whole interleaved
-  stream, which is exactly "every source knows the true loads" (PKG's G, pkg-global).
-- ``probe_interval`` (attribute, records): every that many records of the whole stream each
-  source object gets ``observe_global_loads(true_loads)`` (PKG's L+P, pkg-probing).
-- ``prepare(keys)``: called with the source's whole stream before routing (offline greedy).
-- a keyword parameter ``worker_speeds``: receives the simulator's worker speeds (FISH).
-- :class:`~operators.base.TableScheme`: every ``rebalance_interval`` records the controller
-  round runs: ``statistics(reset=True)`` from every source, :meth:`KeyStatistics.merge`,
-  ``plan`` on source 0's object, the new table (version + 1) installed in every source.
-
-Metrics (definitions in :mod:`operators.metrics`): I(t) is sampled after each of
-``checkpoints`` evenly spaced positions from per-worker cumulative loads (one ``bincount`` per
-routed segment, never per record). ``migrated_fraction`` is the state moved by all
-rebalances divided by the state that existed at those rebalances (Σ M(F, F') / Σ Σ_k S(k),
-Fang et al.'s migration cost §5.1 aggregated over the run). ``exec_time_vs_shuffle`` divides
-the scheme's queue-model makespan by shuffle grouping's on the same stream, sources and
-speeds (shuffle is routed too, which costs no hashing).
+Layer: operators. The simulated DAG is the one every paper uses (PKG §V-A, FISH §6.1): ``S``
+sources take the stream round-robin, each with its own scheme object, routing to ``W``
+workers; batches give the decisions of record-at-a-time routing. :class:`Router` runs the
+hooks a scheme may offer (``global_estimation``, ``probe_interval``, ``prepare``,
+``worker_speeds``, a TableScheme's controller round every ``rebalance_interval`` records);
+:func:`simulate` adds the metrics of :mod:`operators.metrics`. The hooks and the metrics:
+docs/schemes.md#the-simulator.
 
 Example:
     >>> from operators.keys import KeyBatch

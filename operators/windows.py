@@ -1,28 +1,11 @@
 """Tumbling event-time windows of the live pipeline: count per (window, key), close, merge, top-k.
 
-The streaming top-k word count of the PKG paper (Nasir et al., ICDE 2015; pkg.md §3.2, memory
-and aggregation cost in §III-A and §VI): every worker keeps a partial count per key; with a
-scheme that splits a key over several workers, "the total count is the sum of the two partial
-counts", and an aggregator "simply combines the counts for each key to get the total count and
-selects the top-k for the final result". Top-k is therefore computed from the merged counts,
-never from the partials (a key hot on no single worker can still be hot overall).
-
-The paper flushes partial counters every T seconds of processing time (its Storm experiment 2);
-here the period is a tumbling *event-time* window (issue 4), so results do not depend on how
-fast the workers ran, and a window's partials are freed when it is final.
-
-Pure functions only: the Spark workers, the Redis state store and the aggregator
-(``pipeline/``) call them.
-
-Choices where the sources leave room, each tested in ``tests/unit/test_windows.py``:
-
-- Windows are ``[start, start + window_ms)`` (records.py, ``window_start``). A watermark ``t``
-  promises that every record with event time ``<= t`` has arrived (records.py, WATERMARK), so a
-  window is complete once ``t >= start + window_ms - 1``: its last millisecond is covered. This
-  is Flink's rule (a window fires when the watermark reaches ``maxTimestamp = end - 1``).
-  Allowed lateness delays that by ``lateness_ms``.
-- Top-k ties are broken by the key's bytes, ascending, so the answer is a function of the
-  counts alone (the same on every rerun of the aggregator).
+Layer: operators (pure functions; the Spark workers, the state store and the aggregator call
+them). The streaming top-k word count of Nasir et al., "The Power of Both Choices", ICDE 2015,
+§III-A: every worker keeps partial counts, an aggregator sums them per key and takes the top-k
+of the merged counts. Windows are ``[start, start + window_ms)`` and close once the watermark
+reaches ``start + window_ms - 1`` (plus allowed lateness); top-k ties go to the key's bytes.
+Why: docs/schemes.md#windows and docs/design.md#closing-a-window.
 
 Example:
     >>> import numpy as np

@@ -5,5 +5,5 @@ report) > ``stages`` (one module per stage process; :mod:`producers.kafka_produc
 too) > ``observe`` (Prometheus) > ``services`` (native Kafka, Redis, Prometheus) > ``io``
 (settings, wire format, Kafka, Redis, Spark session) > :mod:`producers.workloads` >
 :mod:`operators` (the pure core). ``lint-imports`` checks the contracts in pyproject.toml;
-README.md's "Code map" follows one record through the modules.
+docs/design.md#code-map follows one record through the modules.
 """

@@ -2,35 +2,15 @@
 
 Layer: stages (the producer process).
 
-The stream of a workload (:mod:`producers.workloads`) is dealt to ``S`` producers the way the
-simulator deals it to sources (:class:`operators.simulator.Router`): record ``i`` belongs to
-producer ``p = i mod S``, is its record number ``seq = i div S``, and goes to partition ``p``
-of ``keys`` (producer p IS source p of the grouping stage). So for every scheme the live stage
-routes each source's keys exactly as the simulator would.
-
-Event time. Record ``i`` carries ``event_time_ms = start + floor(i * 1000 / E)`` with ``E``
-records per second of event time (``--event-rate``, default 4,000, so 200,000 records span 50 s:
-five 10 s windows). By default the clock is synthetic: records go out as fast as the broker
-takes them and ``start`` is the current time rounded down to a window boundary, so ``n``
-records fill exactly ``ceil(n / (E * window))`` windows. With ``--rate R`` the producer paces
-real time instead: ``E = R``, ``start`` is now, and record ``i`` is sent no earlier than its
-event time. Either way event time never decreases within a producer.
-
-Watermarks. Each producer tells the stage how far its event time has got with INPUT records
-of kind WATERMARK (empty key) in its own partition: one just before its first record of each
-new window (``time_ms = that window's start - 1``: everything up to there is sent), and a
-last one at :data:`~pipeline.io.records.END_OF_STREAM`. A watermark's ``seq`` is the number of
-DATA records its producer sent before it (the last one's is the producer's total).
-
-Ground truth. Before sending, the count of every (key, window) is added (HINCRBY) to Redis
-hash ``skewer:{run}:truth:{window_start}`` (field = key bytes), computed with one
-``np.unique`` per window; after every record is acknowledged ``producer:{p}:sent`` grows by the
-DATA records producer p sent. Adding keeps the truth equal to what was sent even when one run
-produces twice; each addition is made once, and behind Sentinel replicated before the
-producer goes on (:func:`~pipeline.io.state_store.add_once`), so neither a retried command nor
-a failover of the primary changes the truth. Keys are identified by their 64-bit
-:meth:`~operators.keys.KeyBatch.key_ids` and the grouping seed's hash checks that no two
-distinct keys share one (a 128-bit identity).
+The stream of a workload (:mod:`producers.workloads`) is dealt to ``S`` producers as the
+simulator deals it to sources: record ``i`` goes to producer ``p = i mod S`` as its record
+``seq = i div S``, in partition ``p`` of ``keys`` (producer p IS source p). Record ``i``
+carries ``event_time_ms = start + floor(i * 1000 / E)`` (``--event-rate`` E; with ``--rate``
+real time is paced instead). Each producer sends a WATERMARK record before its first record of
+each new window and one at END_OF_STREAM. Before sending, the count of every (key, window) is
+added to the run's ``truth:{window}`` hash, and after every record is acknowledged
+``producer:{p}:sent`` grows, each addition made once (:func:`~pipeline.io.state_store.add_once`).
+See docs/design.md#records-and-topics and docs/design.md#exactness-invariants.
 
 Example (the plan of a stream; nothing is sent):
     >>> import numpy as np
@@ -59,6 +39,7 @@ from operators.keys import KeyBatch
 from operators.schemes.hashing import FIRST_SEED
 from pipeline.io import kafka_io
 from pipeline.io.records import END_OF_STREAM, Kind, encode_input, window_start
+from pipeline.io.redis_layout import RunKeys
 from pipeline.io.state_store import add_once
 
 if TYPE_CHECKING:
@@ -134,13 +115,14 @@ def write_truth(
     """HINCRBY every (key, window) count into ``truth:{window}``, in chunks of
     :data:`TRUTH_CHUNK`, each added once (:func:`~pipeline.io.state_store.add_once`, marker
     ``added:{write_id}:truth:{chunk}``) and replicated to ``replicas``."""
+    run_keys = RunKeys(names.run_id)
     increments = [
-        (names.redis_key("truth", window), key, count)
+        (run_keys.truth(window), key, count)
         for window, counts in truth.items()
         for key, count in counts
     ]
     for chunk, first in enumerate(range(0, len(increments), TRUTH_CHUNK)):
-        marker = names.redis_key("added", write_id, "truth", chunk)
+        marker = run_keys.added_truth(write_id, chunk)
         add_once(client, marker, increments[first : first + TRUTH_CHUNK], replicas)
 
 
@@ -285,10 +267,11 @@ def produce_stream(
         raise RuntimeError(f"kafka delivery failed: {failures[0]} ({len(failures)} failure(s))")
     if on_acked is not None:
         on_acked(n)
+    run_keys = RunKeys(names.run_id)
     add_once(
         redis_client,
-        names.redis_key("added", write_id, "sent"),
-        [(names.redis_key("producer", p, "sent"), "", count) for p, count in enumerate(sent)],
+        run_keys.added_sent(write_id),
+        [(run_keys.producer_sent(p), "", count) for p, count in enumerate(sent)],
         redis_replicas,
     )
     return ProduceResult(

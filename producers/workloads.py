@@ -1,23 +1,15 @@
 """Seeded, reproducible key streams: the workloads of the five papers, named by a one-line spec.
 
-Layer: workloads (pure, above operators).
-
-A spec is ``name:key=value,...``; :func:`parse` turns it into a :class:`Workload` whose
-:meth:`~Workload.keys` is the stream as a :class:`~operators.keys.KeyBatch` (record order is
-arrival order). Integer keys become their decimal text (``KeyBatch.from_ints``), exactly what
-the live producers send. Every workload also reports ``p1``, the probability of its most
-frequent key, the number the PKG paper uses to characterise a dataset (Table I) and that
-decides whether two choices can balance it (p1 <= 2/W, PKG §IV).
-
-========== ============================================================================
-zipf       ``z`` (>= 0), ``keys``, ``n``, ``seed``: key ``r`` (1..keys) has probability
-           proportional to ``r^-z``.
-lognormal  ``preset=ln1|ln2`` or ``mu``/``sigma``, ``n``, ``seed``: PKG's synthetic LN1/LN2.
-drift      ``mode=switch|rotate|fluctuate`` on a Zipf: FISH's 80% switch, rotating ranks,
-           Fang et al.'s fluctuation rate ``f``.
-words      ``lang``, ``keys``, ``n``, ``seed``: wordfreq's offline word-frequency list.
-file       ``path``, ``n``: replay a file, one key per line.
-========== ============================================================================
+Layer: workloads (pure, above operators). A spec is ``name:key=value,...``; :func:`parse` turns
+it into a :class:`Workload` whose :meth:`~Workload.keys` is the stream as a
+:class:`~operators.keys.KeyBatch` in arrival order (integer keys as their decimal text, what
+the live producers send). Every workload reports ``p1``, its top key's probability (the PKG
+paper's Table I). Workloads: ``zipf``, ``lognormal`` (PKG's LN1/LN2), ``drift``
+(``mode=switch|rotate|fluctuate``: FISH's switch, rotating ranks, Fang et al.'s fluctuation),
+``words`` (wordfreq's offline list), ``file`` (one key per line); their parameters and the
+choices where a paper is silent: docs/schemes.md#workloads.
+Long because: the five generators share one spec parser and registry, and a module split off
+would fall outside the ``producers.workloads`` layer whose purity import-linter checks.
 
 Example:
     >>> workload = parse("zipf:z=1.0,keys=4,n=8,seed=1")
@@ -206,8 +198,8 @@ class _IntegerWorkload(Workload):
 class Zipf(_IntegerWorkload):
     """Zipf's law over ``keys`` keys: key ``r`` (1-based rank) has probability ∝ ``r^-z``.
 
-    ``z = 0`` is uniform. Gedik uses z = 1 over 10^6 keys (gedik.md §4), Fang et al. z = 0.85
-    (mixed.md §2.10); PKG's WP (p1 = 9.32%) and TW (2.67%) are matched by choosing ``z`` so
+    ``z = 0`` is uniform. Gedik uses z = 1 over 10^6 keys (§5.1), Fang et al. z = 0.85
+    (Table 2); PKG's WP (p1 = 9.32%) and TW (2.67%) are matched by choosing ``z`` so
     that ``p1 = 1 / H(keys, z)`` is close (see :func:`zipf_exponent_for_p1`).
     """
 
@@ -261,7 +253,7 @@ def zipf_exponent_for_p1(p1: float, keys: int) -> float:
     return (low + high) / 2
 
 
-#: PKG Table I: "μ₁=1.789, σ₁=2.366; μ₂=2.245, σ₂=1.133" (pkg.md §4.1).
+#: PKG Table I: "μ₁=1.789, σ₁=2.366; μ₂=2.245, σ₂=1.133".
 LOGNORMAL_PRESETS: dict[str, tuple[float, float]] = {"ln1": (1.789, 2.366), "ln2": (2.245, 1.133)}
 
 
@@ -273,12 +265,8 @@ def _normal_cdf(x: np.ndarray) -> np.ndarray:
 class LogNormal(_IntegerWorkload):
     """PKG's synthetic LN1/LN2: each record's key is ``round(X)``, ``X ~ LogNormal(mu, sigma)``.
 
-    PKG §V-A does not say how log-normal draws become keys (pkg.md §4.1, UNCLEAR). We round
-    every draw to the nearest integer and use it as the key, because that construction
-    reproduces Table I to the digit: with 10M records it gives p1 = 14.71% and about 16k keys
-    for LN1 (μ=1.789, σ=2.366) and p1 = 7.01% and about 1.1k keys for LN2 (μ=2.245, σ=1.133).
-    (Drawing a log-normal *frequency* per key does not: it cannot yield those p1 values with
-    those key counts.) ``p1`` is computed exactly from the normal CDF.
+    PKG §V-A does not say how log-normal draws become keys; rounding each draw reproduces
+    Table I to the digit (why: docs/schemes.md#workloads). ``p1`` is exact, from the normal CDF.
     """
 
     name: ClassVar[str] = "lognormal"
@@ -382,34 +370,13 @@ def _fluctuate(
 class Drift(_IntegerWorkload):
     """A Zipf stream whose hot keys change over time. Three constructions (``mode``):
 
-    ``switch`` (FISH §6.1, fish.md §3.2): the first ``at`` fraction of the stream (0.8 in the
-    paper) follows Zipf over keys 1..K; afterwards the rank -> key map shifts by ``shift``
-    (key of rank r becomes ``(r + shift) mod K``), so the hot keys become cold and previously
-    cold keys hot. The paper's post-switch formula is lost apart from a constant "5M"; we read
-    it as this shift and default ``shift`` to K/2. Several switch points: ``at=0.25/0.5/0.75``
-    (each shifts by ``shift`` again).
-
-    ``rotate``: every ``every`` records (default n/10) the map shifts by ``shift`` ranks
-    (default 1): the hot set slides steadily through the key space.
-
-    ``fluctuate`` (Fang et al. §5.3, mixed.md §5.3): the stream is cut into ``intervals`` equal
-    intervals. At the start of each new interval the generator "keeps swapping frequencies
-    between keys from different task instances until the change on workload is significant
-    enough"; the stopping rule on the fluctuation rate ``f`` is lost. Ours: tasks are the
-    ``workers`` instances of key grouping (``|h13(key)| mod workers``), and swapping stops
-    once the load moved between instances, ½·Σ_d |L'(d) − L(d)|, reaches ``f`` times the
-    average instance load (1/workers of the interval's records). ``f = 0`` is a stationary
-    stream. One key of each candidate swap is drawn by its frequency at the interval's start
-    (moving cold keys changes no load), the other uniformly; a candidate is applied only if it
-    moves more load (so the change grows steadily instead of random-walking), and at most
-    ``max(20·K, 2^20)`` candidates are examined per interval (then the interval starts with
-    whatever change was reached: about half the load can move, so ``f/workers`` beyond
-    ~0.5 is not reached). Defaults: ``f=1, intervals=10, workers=10`` (Fang's Table 2 default
-    f = 1.0 and N_D = 10). :meth:`interval_probabilities` gives each interval's exact key
-    probabilities. The swaps use their own random generator, so the records are drawn with the
-    same uniforms as the stationary ``zipf`` of the same seed.
-
-    The mode's defaults are filled in, so :attr:`spec` names the stream exactly.
+    ``switch`` (FISH §6.1): after the first ``at`` fraction of the stream the rank -> key map
+    shifts by ``shift`` (default K/2); ``rotate``: every ``every`` records it shifts by
+    ``shift`` ranks (default 1); ``fluctuate`` (Fang et al. §5.3): at each of ``intervals``
+    interval starts, frequencies are swapped between key-grouping instances until the load
+    moved reaches ``f`` times the average instance load. The rules we chose where the papers
+    lost theirs: docs/schemes.md#workloads. The mode's defaults are filled in, so
+    :attr:`spec` names the stream exactly.
     """
 
     name: ClassVar[str] = "drift"

@@ -1,7 +1,7 @@
 """Fixtures for tests that need real services: Kafka, Redis, Prometheus and Spark.
 
-Two backends, the same tests, nothing mocked (tests/service_backends.py says how each works,
-which images the Docker one runs, and which tests run on both):
+Two backends, the same tests, nothing mocked (docs/testing.md says how each works, which
+images the Docker one runs, and which tests run on both):
 
 - ``docker``: containers started by testcontainers from docker-compose.yml's images
   (``KAFKA_IMAGE``, ``REDIS_IMAGE``, ``PROMETHEUS_IMAGE``; ``SKEWER_TEST_IMAGES=local`` takes

@@ -1,21 +1,11 @@
 """Grafana's dashboards (grafana/dashboards/*.json) as data, for the tests that check them.
 
-The structure test (tests/unit/test_dashboards.py) and the live query test
-(tests/integration/test_dashboard_queries.py) read the dashboards the same way: every panel,
-flattened out of rows (:func:`panels`); every PromQL target with where it sits (:func:`queries`);
-the metric names an expression reads, parsed out of the PromQL text (:func:`metric_names`), so
-that a misspelt name is caught without a Prometheus; the labels a legend may use
-(:func:`legend_labels`); Grafana's variables replaced the way Grafana would for a multi-value
-selection (:func:`substitute`); and the ``label_values(...)`` query of a template variable
-(:func:`parse_label_values`).
-
-Name extraction works on the PromQL text: string literals, label matchers ``{...}``, range
-selectors ``[...]``, grouping clauses (``by``/``without``/``on``/``ignoring``/``group_left``/
-``group_right`` with their label lists) and Grafana variables are cut out; what is left and is
-an identifier not followed by ``(`` (a function or an aggregation) and not a keyword is a metric
-name. That is enough for the dashboards' PromQL (no ``@`` modifiers, no subqueries by name).
-
-Examples:
+tests/unit/test_dashboards.py (structure) and tests/integration/test_dashboard_queries.py (live
+queries) read them the same way: panels flattened out of rows (:func:`panels`), PromQL targets
+(:func:`queries`), the metric names an expression reads (:func:`metric_names`, from the text,
+so a misspelt name is caught without a Prometheus), legend labels (:func:`legend_labels`),
+Grafana's variables substituted as for a multi-value selection (:func:`substitute`), and a
+template variable's ``label_values(...)`` (:func:`parse_label_values`). Examples:
     >>> expr = ('histogram_quantile(0.99, sum by (le, run) '
     ...         '(rate(skewer_worker_latency_seconds_bucket{run=~"$run"}[$__rate_interval])))')
     >>> sorted(metric_names(expr))
@@ -125,7 +115,14 @@ def queries(dashboard: Mapping[str, Any]) -> Iterator[Query]:
 
 
 def metric_names(expr: str) -> set[str]:
-    """The metric (and recording rule) names a PromQL expression reads."""
+    """The metric (and recording rule) names a PromQL expression reads.
+
+    String literals, label matchers ``{...}``, range selectors ``[...]``, grouping clauses
+    (``by``/``without``/``on``/``ignoring``/``group_left``/``group_right`` with their labels),
+    offsets and Grafana variables are cut out; what is left and is an identifier not followed
+    by ``(`` (a function or an aggregation) and not a keyword is a metric name. Enough for the
+    dashboards' PromQL (no ``@`` modifiers, no subqueries by name).
+    """
     text = _STRING.sub(" ", expr)
     text = _VARIABLE.sub(" ", text)
     for pattern in (_MATCHERS, _RANGES, _GROUPING, _OFFSET):

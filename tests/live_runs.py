@@ -47,6 +47,32 @@ def run_of(plan: RunPlan, settings: config.Settings) -> Iterator[Pipeline]:
         pipeline.close()
 
 
+def start_worker_query(
+    plan: RunPlan, settings: config.Settings, spark: Any
+) -> Callable[[float], None]:
+    """Start ``plan``'s workers as a query in ``spark`` on a thread of their own; returns
+    ``join(timeout)``, which fails unless the worker job ended within ``timeout`` without error."""
+    from pipeline.stages import worker_job
+
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            worker_job.run(plan.work_options(settings), spark)
+        except BaseException as error:
+            failure.append(error)
+
+    worker = threading.Thread(target=work, name=f"work-{plan.run_id}", daemon=True)
+    worker.start()
+
+    def join(timeout: float) -> None:
+        worker.join(timeout)
+        assert not failure, f"{plan.run_id}: the worker job failed: {failure[0]}"
+        assert not worker.is_alive(), f"{plan.run_id}: the worker job did not finish"
+
+    return join
+
+
 @contextlib.contextmanager
 def shared_spark_run(
     plan: RunPlan,
@@ -60,28 +86,15 @@ def shared_spark_run(
 
     ``during(pipeline)`` runs once every stage has started (a fault test's kill).
     """
-    from pipeline.stages import worker_job
-
-    failure: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            worker_job.run(plan.work_options(settings), spark)
-        except BaseException as error:
-            failure.append(error)
-
     with run_of(plan, settings) as pipeline:
         pipeline.prepare()
-        worker = threading.Thread(target=work, name=f"work-{plan.run_id}", daemon=True)
-        worker.start()
+        join_workers = start_worker_query(plan, settings, spark)
         others = [stage for stage in plan.stages if stage != "work"]
         pipeline.start_all(others)
         if during is not None:
             during(pipeline)
         pipeline.wait(["produce", "group"], timeout=RUN_TIMEOUT)
-        worker.join(RUN_TIMEOUT)
-        assert not failure, f"{plan.run_id}: the worker job failed: {failure[0]}"
-        assert not worker.is_alive(), f"{plan.run_id}: the worker job did not finish"
+        join_workers(RUN_TIMEOUT)
         pipeline.wait([s for s in others if s not in ("produce", "group")], timeout=120)
         yield pipeline
 
@@ -203,11 +216,11 @@ def kill_group_and_work_mid_run(
 def wait_for_a_migration(pipeline: Pipeline, timeout: float = RUN_TIMEOUT) -> None:
     """Wait until the run's controller has a migration in flight (a table published, keys'
     state moving between workers)."""
-    from pipeline.io import kafka_io
+    from pipeline.io.redis_client import connect_redis
     from pipeline.stages.control_plane import ControlPlane
 
     plan = pipeline.plan
-    plane = ControlPlane(kafka_io.connect_redis(pipeline.settings.redis_url), plan.run_id)
+    plane = ControlPlane(connect_redis(pipeline.settings.redis_url), plan.run_id)
     try:
         # A run that ends without one fails now, not at the timeout.
         wait_for(

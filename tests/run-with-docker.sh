@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# `make test` with SKEWER_TEST_DOCKER=1, what .ci/run asks for (issue 14): every test, the live
-# path's integration tests and the compose stack on a Docker engine this run starts, the rest on
-# the native services; then the engine is taken down with everything it started.
+# `make test` with SKEWER_TEST_DOCKER=1, what .ci/run asks for (docs/compose.md#tests-on-docker):
+# every test, the live path's integration tests and the compose stack on a Docker engine this run
+# starts, the rest on the native services; then the engine is taken down with everything it
+# started.
 #
 #   1. In the background, niced: `skewer services up docker` (Debian's docker.io installed the
 #      first time, dockerd started, the Compose v2 plugin built from the Go module proxy) and
 #      `skewer images build --local` (the Debian base, the stand-ins and skewer:local, with the
-#      Kafka and Spark jars `make install` fetched). Cold, that is ~12 min of mostly downloads
-#      and Go's compiler: in series with the tests it would not fit CI's 30 minutes.
+#      Kafka and Spark jars `make install` fetched). Cold, that is mostly downloads and Go's
+#      compiler: in series with the tests it would not fit CI's 30 minutes.
 #   2. Meanwhile, on the native services: every test but the live path's modules and the
 #      Docker-backed ones (`-m "not live_path and not docker"`).
 #   3. Then, on the engine: make's $(DOCKER_TESTS), as `make test-docker` runs them. The

@@ -1,50 +1,10 @@
 """The services integration tests run on, two backends behind one set of fixtures
 (tests/conftest.py): skewer's native services, or containers started by testcontainers.
 
-**Which backend.** ``SKEWER_TEST_BACKEND=docker|native`` forces one; ``auto`` (the default)
-takes ``docker`` when a Docker engine answers a ping within 2 s (``DOCKER_HOST``, else Docker's
-default socket), else ``native``. A forced ``docker`` without an engine stops the session with
-one line (:func:`choose_backend`).
-
-**Which images.** The Docker backend runs the images docker-compose.yml runs, named by the same
-variables, ``KAFKA_IMAGE``, ``REDIS_IMAGE`` and ``PROMETHEUS_IMAGE``, whose defaults are read
-from docker-compose.yml itself (the official images). ``SKEWER_TEST_IMAGES=local`` reads
-deploy/images/local.env first, the names of the stand-ins ``skewer images build --local``
-builds where no registry can be reached: the test-session twin of compose's ``--env-file
-deploy/images/local.env``. As with compose, a variable set in the environment wins over the
-file. An image that is not present and cannot be pulled is one line naming its variable.
-
-**Containers.** Kafka is the apache/kafka-style image (the official one and the local stand-in
-read the same ``KAFKA_*`` variables) as a plain container: one KRaft node, broker and
-controller, configured like the native broker (deploy/kafka/server.properties). Its client
-listener has the same port number inside and outside, a free host port picked first, so the
-address it advertises (``127.0.0.1:PORT``) is right for the tests on the host and for the broker
-itself. Redis and Prometheus run their images' own commands. Published ports listen on the
-loopback address when the engine is local. Each container is removed when the session ends,
-pass or fail, and one that fails to start is removed at once; testcontainers' Ryuk reaper,
-which would remove them after a crashed session, is switched off when its image is absent
-(:func:`disable_ryuk_if_absent`; no registry to pull it from here), before testcontainers is
-imported.
-
-**Which tests run on both backends** (the ``live_path`` marker, registered in pyproject.toml):
-the modules of the live path, producer -> topic ``keys`` -> grouping stage -> topic ``work`` ->
-Spark workers -> Redis -> aggregator: test_smoke, test_producer, test_grouping_stage,
-test_worker_job, test_end_to_end, and Redis's own modules test_state_store and
-test_redis_prometheus_smoke. They exercise every broker and Redis feature the pipeline rests
-on (topics created with their partition count, explicit partitions, transactions and
-read_committed, exactly once across a kill -9, Lua scripts, databases per session), which is
-what differs between a native service and a container of another build. A ``make test`` without
-an engine runs them on the native services, ``make test-docker`` on containers. CI
-(``SKEWER_TEST_DOCKER=1 make test``, tests/run-with-docker.sh) runs them once, on containers,
-and everything else on the native services: the native services still carry the live path end
-to end there, in the demo, migration, cluster and fault tests, and a second pass of these
-modules would cost minutes CI's 30 do not have.
-
-Tests that need what only the native services have skip on the Docker backend, with the
-reason, through the ``native_only`` marker: the native services manager itself, killing a native
-Redis, Sentinel, a Spark standalone cluster, a 3-node Kafka, and the native Prometheus's
-discovery of the stages' exporters (a container cannot read the file_sd folder nor reach the
-exporters on the host's loopback).
+``SKEWER_TEST_BACKEND=docker|native|auto`` picks one (:func:`choose_backend`); the Docker
+backend runs docker-compose.yml's images, or with ``SKEWER_TEST_IMAGES=local`` the stand-ins of
+deploy/images/local.env (:func:`resolve_images`). Which tests run on which backend, and why:
+docs/testing.md.
 
 Example (no engine needed):
     >>> images = resolve_images({"SKEWER_TEST_IMAGES": "local", "REDIS_IMAGE": "mine:1"})

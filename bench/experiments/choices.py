@@ -1,16 +1,11 @@
-"""Experiment 3: D-Choices and W-Choices vs PKG as the skew grows (Nasir et al., ICDE 2016).
+"""Experiment 3: D-Choices and W-Choices vs PKG as the skew grows.
 
-"When Two Choices Are not Enough" shows (its Fig. 1, notes/anchors.md §4) that PKG's imbalance
-grows with the number of workers n once the top key's probability p1 exceeds about 2/n, while
-D-Choices and W-Choices, which give the head keys d or all n workers, stay low (its y-axis
-spans 10^-2 to 10^-7). We sweep the Zipf exponent z over [0.4, 2.0] (p1 from 10^-4 to 0.6)
-for n in {5, 10, 50, 100}, with key grouping (H) as the ceiling, and report the final
-imbalance I(m)/m (the ICDE'16 metric) and the memory cost, (key, worker) pairs per key.
-
-Setup (the paper's own simulator, anisnasir/SLBSimulator, fixes the rest; see
-:mod:`operators.schemes.choices`): S = 5 sources taking the stream round-robin, each with its
-own load vector and SpaceSaving summary of 100 counters; θ = 1/(5n); ε = 0.001. The stream
-is Zipf over 10^5 keys, seed 3, the same stream for every scheme and n.
+Layer: bench. Nasir et al., "When Two Choices Are not Enough: Balancing at Scale in
+Distributed Stream Processing", ICDE 2016, Fig. 1: PKG's imbalance grows with n once p1
+exceeds about 2/n, while D-Choices and W-Choices stay low. We sweep the Zipf exponent z over
+[0.4, 2.0] for n in {5, 10, 50, 100}, with key grouping as the ceiling, and report I(m)/m and
+the (key, worker) pairs per key. Setup: docs/schemes.md#d-choices-and-w-choices-experiment;
+results in bench/results/choices.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Experiment 4: FISH vs PKG, D-Choices, W-Choices, shuffle and key grouping on a drifting Zipf.
 
-Huang et al., "Efficient Time-Evolving Stream Processing at Scale" (notes/fish.md), §6.1-6.4:
-execution time relative to shuffle grouping (Fig. 9, 10), memory relative to key grouping
-(Fig. 11), and heterogeneous workers, half of them twice as fast (Fig. 16).
-
-Workload: FISH's time-evolving ZF (§6.1, fish.md §3.2): Zipf over K keys for the first 80% of
-the stream, then the rank -> key map shifts by K/2 so the hot keys turn cold and cold keys hot
-(``drift:mode=switch``; the paper's post-switch formula is lost apart from a constant "5M").
-The key count and exponent range are lost too: we use 10^5 keys and z in {0.8, 1.0, 1.2, 1.5}.
-n in {16, 32, 64, 128} workers as in the paper, S = 5 sources (not stated in the paper).
-
-Metrics (operators.metrics): execution time is the makespan of a FIFO queue per worker fed at
-the cluster's total service rate, divided by shuffle grouping's on the same stream and speeds;
-memory is (key, worker) pairs per distinct key, i.e. relative to key grouping (= 1).
-
-Besides the reference-faithful D-C and W-C (SpaceSaving capacity 100, as the authors'
-simulator), we run them with 1000 counters (the paper's "D-C1000/W-C1000", §2.3), which
-removes the false head keys of the 100-counter summary and leaves their lifetime counting
-exposed to the drift. "FISH (counts)" is FISH told that all workers are equally fast, i.e.
-choosing by assigned-tuple counts like [14, 15] (§6.4, Fig. 16).
+Layer: bench. Huang et al., "Efficient Time-Evolving Stream Processing at Scale", §6.1-6.4:
+execution time relative to shuffle grouping (Figs. 9-10), memory relative to key grouping
+(Fig. 11) and heterogeneous workers, half of them twice as fast (Fig. 16), on FISH's
+time-evolving Zipf (``drift:mode=switch``). The lost parameters we chose, the metrics and the
+extra D-C1000/W-C1000 and "FISH (counts)" runs: docs/schemes.md#fish-experiment; results in
+bench/results/fish.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Experiment 5: Gedik's scan, redist, readj vs consistent and uniform hashing as channels grow.
 
-Gedik (VLDBJ 2014) §5.1 protocol, Fig. 6: start with one channel and add one per adaptation
-period up to 32, re-planning the partitioning function at every step from the previous one;
-Zipf z = 1 over 10^6 keys, alpha = 1.2, sigma = 0.1, resources LCL (beta_s linear, beta_c
-constant, beta_n linear), utility U^APM; the frequencies do not change between periods
-("we do not change the load"). Each step reports the paper's two metrics over the whole domain
-with the exact Zipf frequencies:
-
-- relative imbalance ``b`` (Eq. 11): geometric mean over s, c, n of ``r_k / alpha`` with
-  ``r_k`` = max/min channel load; under LCL, ``L_s = L_n = sum f`` and ``L_c`` = number of keys;
-- relative migration ``m`` (Eq. 12): ``M(p^(t), p^(t+1)) / (sum f / N)``, all keys counted.
-
-Frequencies reach the planner the way they would in the pipeline: a stream of ``records``
-draws routed through the scheme's lossy counter (epsilon = delta(32)/10), then ``statistics``
-and ``plan(stats, n_workers=N)`` + ``resize``. Consistent hashing is the schemes' own ring
-(1000 replicas, same seed) without the explicit map; uniform hashing is the ``key`` scheme
-(``|murmur3_13(key)| mod N``). Five runs (stream and ring seeds 0..4) are averaged, as in §5.1.
+Layer: bench. Gedik, "Partitioning Functions for Stateful Data Parallelism in Stream
+Processing", VLDB Journal 2014, §5.1, Fig. 6: start with one channel and add one per
+adaptation period up to 32, re-planning from the previous function each time (Zipf z = 1 over
+10^6 keys, alpha = 1.2, sigma = 0.1, LCL, U^APM), reporting relative imbalance ``b`` (Eq. 11)
+and relative migration ``m`` (Eq. 12) over five seeds. How frequencies reach the planner:
+docs/schemes.md#gedik-experiment; results in bench/results/gedik_channels.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Experiment 2: PKG with local load estimation vs global information vs periodic probing.
 
-Nasir et al., ICDE 2015, §V-B Q2, Fig. 2 and Fig. 3 (pkg.md §4.4): H (hashing), G (PKG with
-the true global loads), L_S (PKG where each of S sources counts only what it sent) and L_S P
-(L_S whose estimate is reset from the true loads at every probe) for S in {1, 5, 10, 20} and
-W in {5, 10, 50, 100}, on the WP-like and TW-like Zipf streams of Experiment 1
-(:mod:`bench.experiments.pkg_table2`: the traces' top-key probabilities p1, 10^6 keys, 4M
-records). Records reach the sources round-robin ("read by multiple independent sources via
-shuffle grouping", §V-A).
-
-Metrics: Fig. 2's "fraction of average imbalance" is the mean of I(t) over the run divided
-by the stream length (our 1000 evenly spaced checkpoints). Fig. 3's "fraction of imbalance
-through time" leaves its normaliser open (pkg.md §9 item 5); we plot I(t)/t, the imbalance as
-a fraction of the records seen so far. The "47% Jaccard overlap" of G and L is the Jaccard
-index of the two sets of (record, worker) decisions: agreeing records / (2m - agreeing).
-
-Probing: the paper's L5P1 probes every T_p = 1 minute; we probe every 15,000 records (one
-minute of WP's 22M messages a day; see :mod:`operators.schemes.pkg` for what a probe
-replaces), and also every 1,000 records for S = 5 to test "even increasing the frequency of
-probing does not reduce imbalance". With S = 1 local estimation is global and probing is a
-no-op, so L_1 = L_1P = G; the table shows it once.
+Layer: bench. Nasir et al., "The Power of Both Choices", ICDE 2015, §V-B Q2, Figs. 2-3: H
+(hashing), G (PKG with the true global loads), L_S (each of S sources counts what it sent) and
+L_S P (L_S reset from the true loads at every probe), S in {1, 5, 10, 20}, W in {5, 10, 50,
+100}, on the WP-like and TW-like streams of :mod:`bench.experiments.pkg_table2`. Metrics,
+probing interval and what S = 1 means: docs/schemes.md#pkg-load-estimation; results in
+bench/results/pkg_estimation.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,13 @@
 """Experiment 1: the PKG paper's Table II -- imbalance of PKG and its baselines as W grows.
 
-Nasir et al., ICDE 2015, §V-B Q1, Table II (pkg.md §4.3): PKG, Off-Greedy, On-Greedy, PoTC
-and Hashing, W in {5, 10, 50, 100}, on Wikipedia (WP, 22M messages, p1 = 9.32%) and Twitter
-(TW, 1.2G messages, p1 = 2.67%). The traces are not available offline, so each is replaced by
-a Zipf stream over 10^6 keys whose exponent is chosen so that the top key's probability is
-exactly the trace's p1 (:func:`producers.workloads.zipf_exponent_for_p1`: z = 1.047 for
-WP-like, z = 0.875 for TW-like). p1 is what decides the regime (PKG §IV: two choices cannot
-balance once p1/2 > 1/W, a key-affine scheme once p1 > 1/W), so these streams put the
-transitions where the traces put them. 4M records: the WP-like stream then has about 11%
-distinct keys, as WP has (2.9M keys in 22M messages).
-
-Setup choices (the paper leaves them open, pkg.md §9 item 4): PKG uses global load
-information in Q1 ("So far, it still uses global information"); PoTC and On-/Off-Greedy need
-coordinated sources. With every scheme coordinated, the number of sources does not matter, so
-we run S = 1 (where pkg, the local variant, is the global one). Hashing is ``key``
-(|murmur3_13| mod W, the same first choice PKG uses).
-
-What Table II measures: the caption says "average imbalance measured throughout the
-simulation", but its numbers behave like the *final* imbalance I(m): Off-Greedy's WP entries
-0.8 and 0.9 are exactly (W-1)/W, the imbalance of loads where one worker has one record more
-than all others -- the best any placement can end with when W does not divide m, and what
-longest-first placement reaches at the end of a stream with many one-record keys, while any
-average over time of a random stream would carry sampling noise of order sqrt(t/W) -- and
-every saturated entry is within a few percent of the final-imbalance bound (p1 - 1/W)·m for
-the key-affine schemes and (p1/2 - 1/W)·m for PKG. We therefore report both our I(m) and
-our mean of I(t) over 1000 evenly spaced checkpoints, and compare fractions of the stream
-(I/m), since the absolute values scale with the stream length (22M and 1.2G vs our 4M).
+Layer: bench. Nasir et al., "The Power of Both Choices", ICDE 2015, §V-B Q1, Table II: PKG,
+Off-Greedy, On-Greedy, PoTC and Hashing, W in {5, 10, 50, 100}, on Wikipedia (WP, p1 = 9.32%)
+and Twitter (TW, p1 = 2.67%). The traces are not available offline, so each is replaced by a
+Zipf stream over 10^6 keys whose top key has the trace's p1
+(:func:`producers.workloads.zipf_exponent_for_p1`), 4M records, S = 1 (every scheme
+coordinated). We report both the final I(m) and the mean of I(t), as fractions of the stream:
+why, and the setup choices, in docs/schemes.md#pkg-table-ii; results in
+bench/results/pkg_table2.md.
 """
 
 from __future__ import annotations
@@ -57,7 +39,7 @@ WORKERS = (5, 10, 50, 100)
 #: Table I: top-key probability and messages of each trace.
 DATASETS = {"WP": (0.0932, 22e6), "TW": (0.0267, 1.2e9)}
 N_KEYS = 1_000_000
-#: Table II verbatim (pkg.md §4.3), per dataset and scheme, for W = 5, 10, 50, 100.
+#: Table II verbatim, per dataset and scheme, for W = 5, 10, 50, 100.
 PAPER = {
     "WP": {
         "pkg": (0.8, 2.9, 5.9e5, 8.0e5),

@@ -1,46 +1,12 @@
-"""D-Choices and W-Choices: PKG for the tail, more choices for the head (Nasir et al., ICDE 2016).
+"""D-Choices and W-Choices: PKG for the tail, more choices for the head.
 
-"When Two Choices Are not Enough" keeps PKG for most keys and gives the few *head* keys more
-candidates, because no two-choice scheme can balance a key whose probability ``p1`` exceeds
-``2/n`` (PKG paper §IV; notes/pkg.md §5.2). Both schemes here follow the authors' reference
-simulator (anisnasir/SLBSimulator, ``LBDChoice``/``LBWChoice``; notes/anchors.md §1.3):
-
-* every source keeps its own :class:`~operators.sketches.spacesaving.SpaceSaving` summary of
-  ``capacity`` = 100 counters and its own cumulative load vector (local estimation);
-* a record's key is offered to the summary first; the key is *head* when
-  ``(count + error) / m > θ`` (evaluated as ``count + error > θ·m``) with ``m`` the records
-  this source has seen and ``θ = 2 / (n·T)`` (``threshold_t`` = T; 10 by default, i.e.
-  θ = 1/(5n), the value the authors' Storm groupings hard-code and PKG's Theorem 4.1 bound
-  ``p1 <= 1/(5n)``);
-* tail keys take PKG's two candidates, ``|murmur3_128(key, 13)| mod n`` and seed 17, and go to
-  the one this source has loaded least (ties to the first), through
-  :func:`operators.selection.pick_least_loaded` on the same load vector that head keys use, so
-  with no head key either scheme routes exactly like ``pkg``;
-* **W-Choices**: a head key may go to any of the n workers (the least loaded, ties to the
-  lowest worker id);
-* **D-Choices**: a head key gets ``d`` candidates, with ``p1`` the (count + error)/m of the
-  summary's largest counter, ``p_H`` the sum and ``h`` the number of head frequencies,
-  ``p_T = 1 - p_H``, ``q = (n-1)/n``: start at ``d = round(p1·n)`` and take the first ``d``
-  meeting both bounds ``p_H + p_T·(1-q^(h·d))² <= (1-q^(h·d)) + ε`` and
-  ``p1 + (p_H - p1)·(1-q^d)^d + p_T·(1-q^d)² <= (1-q^d) + ε`` (ε = 0.001); ``d >= n`` means all
-  workers.
-
-Choices where the reference leaves a gap or that we make differently:
-
-* **Further candidates.** The reference hashes the key with d seeds (consecutive primes from
-  43, Guava's 32-bit ``asInt``), so its choices cannot match Storm's 13/17 pair anyway. Ours
-  keep PKG's pair as candidates 0 and 1, and derive candidate ``j >= 2`` from the same two
-  hashes by double hashing (Kirsch and Mitzenmacher): ``g = (h13 + j·h17) mod 2^64``, worker
-  ``⌊(g >> 32)·n / 2^32⌋``. It costs no further pass over the key bytes, which matters
-  because with 100 counters nearly every key can test head (see below). Like the reference,
-  colliding candidates are not re-drawn.
-* d is at least 2: the reference would build an empty or single candidate set when
-  ``round(p1·n) < 2`` and the bounds already hold (e.g. for large T), so a head key never has
-  fewer choices than a tail key. ``p1`` comes from the largest count, ties to the key that
-  reached it first (stream-lib orders equal counts its own way).
-* A faithful consequence, not a choice: a tail key newly admitted to a full summary inherits
-  the smallest counter as its error, so once the stream outside the top ``capacity`` keys is
-  heavy enough, most keys test head (FISH §2.3 reports this for "D-C100/W-C100").
+Layer: operators. Nasir et al., "When Two Choices Are not Enough: Balancing at Scale in
+Distributed Stream Processing", ICDE 2016, §III-IV: no two-choice scheme can balance a key
+whose probability ``p1`` exceeds ``2/n``, so the few *head* keys (SpaceSaving count above
+``θ = 2/(n·T)`` of this source's records) get ``d`` candidates (D-Choices) or all ``n`` workers
+(W-Choices), and every other key routes exactly like ``pkg``. We follow the authors' reference
+simulator (anisnasir/SLBSimulator); the bounds that pick ``d``, the double hashing of further
+candidates and the other choices: docs/schemes.md#d-choices-and-w-choices.
 
 Example:
     >>> from operators.keys import KeyBatch

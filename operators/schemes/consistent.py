@@ -1,12 +1,11 @@
 """Consistent hashing: every key to its owner on a ring with virtual nodes (Karger et al. 1997).
 
-The baseline of Gedik (VLDBJ 2014, §4.1 and §5: "a consistent hash … 1000 replicas", notes/
-gedik.md) and the base hash of Fang et al.'s routing tables, and the mapping FISH builds on
-(§5). A key's position is its :meth:`KeyBatch.key_ids` fingerprint; its worker is the owner of
-the first ring point clockwise (:class:`operators.ring.HashRing`, an O(1) bucketed lookup).
-Adding a worker moves only the keys the newcomer takes over, about 1/N of them, and balance
-improves with ``replicas`` (1000 by default, Gedik's setting). Every source that uses the same
-``seed`` builds the same ring, so a key lands on one worker whichever source routes it.
+Layer: operators. The baseline of Gedik, "Partitioning Functions for Stateful Data Parallelism
+in Stream Processing" (VLDB Journal 2014, §4.1 and §5: "a consistent hash … 1000 replicas"),
+the base hash of Fang et al.'s routing tables, and the mapping FISH builds on (§5). A key's
+worker is the owner of the first ring point clockwise from its fingerprint
+(:class:`operators.ring.HashRing`); adding a worker moves only the keys it takes over. Every
+source with the same ``seed`` builds the same ring. More: docs/schemes.md#consistent-hashing.
 
 Example:
     >>> from operators.keys import KeyBatch

@@ -1,290 +1,64 @@
 """Fang et al.'s mixed routing: consistent hash plus a bounded routing table (``llfd``,
 ``mintable``, ``minmig``, ``mixed``).
 
-J. Fang, R. Zhang, T. Z. J. Fu, Z. Zhang, A. Zhou, J. Zhu, "Parallel Stream Processing Against
-Workload Skewness and Variance" (arXiv 1610.05121), notes in ``shared/notes/mixed.md``.
+Layer: operators. Fang et al., "Parallel Stream Processing Against Workload Skewness and
+Variance" (2017), §2, Eq. 1: a key goes to ``A(k)`` if the routing table ``A`` holds it, else to
+its consistent-hash worker ``h(k)`` (:class:`operators.ring.HashRing`); ``A`` holds at most
+``R_max`` keys (``max_table_size``). Each source counts its keys per interval; the controller
+merges the counts into :class:`KeyStatistics` and :meth:`FangScheme.plan` rebuilds ``A`` by the
+paper's three-phase workflow (§3, :mod:`operators.schemes.fang_rebalance`). The four schemes
+differ only in Phase I (cleaning) and the order Φ (§3.2, §3.3); the table of them and every
+choice where the paper lost a formula: docs/schemes.md#fang.
 
-Routing (§2, Eq. 1): a key goes to ``A(k)`` if the routing table ``A`` holds it, else to its
-consistent-hash worker ``h(k)`` (:class:`operators.ring.HashRing`, the paper's base hash in every
-experiment). ``A`` only holds keys with ``A(k) != h(k)`` and at most ``R_max`` of them
-(``max_table_size``). Each source counts, per interval, how often it saw every key (a compiled
-open-addressing table over :meth:`KeyBatch.key_ids`, so statistics cost little more than the
-lookup); the controller merges those counts into :class:`KeyStatistics` (frequency ``g``,
-cost ``c``, window state ``S(k, w)``) and calls :meth:`FangScheme.plan`, which rebuilds ``A``
-by the paper's three-phase workflow (§3):
-
-* Phase I, *cleaning*: virtually move ``n`` table entries back to ``h(k)``.
-* Phase II, *preparing*: take keys off every overloaded worker, in the order of a criterion Φ,
-  into the candidate set ``C``.
-* Phase III, *assigning*: LLFD (Algorithm 1) places ``C``, in Φ order, on the least-loaded
-  worker whose ``Adjust`` accepts, which may swap lighter keys (the exchangeable set ``E``)
-  back into ``C``.
-
-The four schemes differ only in Phase I and Φ (§3.2, §3.3):
-
-============ =========================================== ===========================
-scheme       Phase I (cleaning)                          Φ (Phases II and III)
-============ =========================================== ===========================
-``llfd``     none (Fig. 4, left: "LLFD directly applied") cost ``c``, largest first
-``mintable`` all entries (Algorithm 2)                   cost ``c``, largest first
-``minmig``   none (Algorithm 3)                          ``γ``, largest first
-``mixed``    ``n`` entries, smallest ``S`` first (Alg. 4) ``γ``, largest first
-============ =========================================== ===========================
-
-The extraction of the paper lost every formula; these are the choices made here (each is
-tested in ``tests/unit/test_fang.py``):
-
-1. **Balance (§2.1, §5).** θ(d) = (L(d) - L̄) / L̄, one-sided; a worker is *overloaded* iff
-   ``L(d) > (1 + θ_max)·L̄`` and a plan is ``feasible`` iff no worker is overloaded, i.e. the
-   paper's "workload skewness" max/avg is at most ``1 + θ_max``. (The §5 "max over min" reading
-   cannot give θ_max = 0 for absolute balance.) A relative slack of 1e-9 absorbs float rounding.
-2. **Loads** are ``L(d) = Σ_{F(k)=d} c(k)`` over the tracked keys (§2.1); our statistics track
-   every key, so this equals the records each worker received.
-3. **State (§2.1).** ``s_i(k) = g_i(k)``: a key's window state is the tuples it kept in each of
-   the last ``w`` intervals (the sliding-window join of §5), so ``S(k, w)`` sums the last ``w``
-   interval counts. With ``w = 1`` this gives ``S = c``, which is what makes the §3.2 example's
-   "γ(k) = γ(k') = 1 for equal weights" hold.
-4. **γ (§3.2).** ``γ(k) = c(k)^β / S(k, w)`` (β = 1.5 default, Table 2): cost per unit of state,
-   β > 1 leaning towards cost (larger β, smaller table, App. C). ``S = 0`` gives γ = ∞ (free to
-   move) unless ``c = 0`` too (γ = 0).
-5. **Orders and ties.** Every order is stable: ties keep the statistics' order (ascending key
-   id); workers tie to the lower index, as Fig. 4's "d1 has less total workload" at 9 vs 9.
-6. **Phase II stopping rule (§2.1).** Per overloaded worker, remove keys in Φ order until it is
-   no longer overloaded (the §2.2 example removes k1 only). Zero-cost keys are never taken.
-7. **LLFD (Algorithm 1).** ``C`` is processed in Φ order (§3.3: Φ "applied by LLFD in the last
-   phase"); keys ``E`` returns to ``C`` join that order. ``Adjust(k, d)`` accepts at once if
-   ``L(d) + c(k) <= bound``; otherwise it walks d's keys in Φ order, taking each with
-   ``0 < c(k') < c(k)`` (condition ii) that was on ``d`` when LLFD started and has not been
-   displaced since (condition i), until ``L(d) + c(k) - ΣE <= bound`` (condition iii); if the
-   walk ends short, ``Adjust`` is FALSE and nothing moves. Keys placed by LLFD are never
-   displaced again, which also makes LLFD terminate. If every worker refuses ``k``, ``k`` goes
-   to the least-loaded worker (Algorithm 5's rule) and the plan reports the fallback.
-8. **Mixed's n (Algorithm 4, Line 10).** Trials start at ``n = 0`` (MinMig) and
-   accumulate ``n ← n + (|A'| - R_max)``. When ``n`` would reach the whole table, or after
-   ``max_trials`` trials, Mixed *degenerates to MinTable* (§5, App. B) and runs it.
-9. **R_max is a hard cap here.** The paper lets LLFD and MinMig, and a degenerate Mixed, exceed
-   R_max; the live router cannot, so any plan with ``|A'| > R_max`` keeps the ``R_max`` entries
-   of largest cost and sends the rest back to ``h(k)`` (``details["capped"]``). ``feasible`` is
-   then judged on the capped assignment.
-10. **Trigger (§4 step 2).** If no worker is overloaded and the table fits, ``plan`` keeps the
-    current assignment (``details["triggered"] = False``).
-11. **Dead entries.** Entries for keys absent from the statistics have no state left in the
-    window and no load; they are dropped at no migration cost -- and listed in ``moved_keys``
-    (their worker changes back to ``h(k)``), so that a live migration moves whatever state an
-    event-time window longer than the interval still holds for them.
-12. **No compact representation (§4.1) or discretization (§4.2).** The exact per-key planner
-    is compiled (numba) and plans 10^6 keys on 10 workers well under the paper's 0.6 s, so the
-    approximation (≤ 1 % load error in Fig. 11b) buys nothing here.
-
-Example (the §2.2 / Fig. 4 worked example, keys k1..k6 with costs 7, 4, 5, 2, 1, 1; hash puts
-k1, k2, k6 on worker 0; the old table sends k3 to 0 and k6 to 1):
+Example:
     >>> import numpy as np
-    >>> cost = np.array([7.0, 4, 5, 2, 1, 1])
-    >>> hashed = np.array([0, 0, 1, 1, 1, 0])
-    >>> current = np.array([0, 0, 0, 1, 1, 1])
-    >>> llfd = rebalance(cost, cost, current, hashed, 2, theta_max=0.0, strategy="llfd")
-    >>> llfd.assignment.tolist(), llfd.loads.tolist()
-    ([1, 0, 0, 1, 0, 1], [10.0, 10.0])
-    >>> int(np.sum(llfd.assignment != hashed))  # table size: Fig. 4 says four entries
-    4
-    >>> mintable = rebalance(cost, cost, current, hashed, 2, theta_max=0.0, strategy="mintable")
-    >>> int(np.sum(mintable.assignment != hashed))  # ... and two after MinTable's cleaning
-    2
+    >>> from operators.keys import KeyBatch
+    >>> scheme = Mixed(2, theta_max=0.0, max_table_size=4, replicas=10)
+    >>> keys = KeyBatch.from_ints(np.array([1] * 6 + [2] * 3 + [3] * 2 + [4], np.int64))
+    >>> _ = scheme.route(keys)
+    >>> plan = scheme.plan(scheme.statistics())
+    >>> scheme.install(plan.table)
+    >>> np.bincount(scheme.route(keys), minlength=2).tolist()
+    [6, 6]
 """
 
 from __future__ import annotations
 
-import heapq
 import time
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import numba
 import numpy as np
 
 from operators.base import KeyStatistics, Plan, RoutingTable, SchemeError, TableScheme
-from operators.keys import KeyBatch
+from operators.keys import KeyBatch, probe_slot
 from operators.ring import HashRing
+from operators.schemes.fang_rebalance import (
+    BOUND_SLACK,
+    STRATEGIES,
+    Rebalanced,
+    Strategy,
+    _imbalance,
+    balance_bound,
+    migration_priority,
+    rebalance,
+)
 
-Strategy = Literal["llfd", "mintable", "minmig", "mixed"]
-STRATEGIES: tuple[str, ...] = ("llfd", "mintable", "minmig", "mixed")
+__all__ = [
+    "BOUND_SLACK",
+    "STRATEGIES",
+    "FangScheme",
+    "Llfd",
+    "MinMig",
+    "MinTable",
+    "Mixed",
+    "Rebalanced",
+    "balance_bound",
+    "migration_priority",
+    "rebalance",
+]
 
-#: Relative slack on the balance bound, so float sums of integral costs do not flip a decision.
-BOUND_SLACK = 1e-9
-#: Initial slots of a source's per-interval key counter (a power of two; it doubles as needed).
 _COUNTER_SLOTS = 1 << 12
-
-
-def balance_bound(loads_total: float, n_workers: int, theta_max: float) -> float:
-    """The largest load a worker may carry: ``(1 + θ_max)·L̄``, plus float slack (choice 1)."""
-    bound = (1.0 + theta_max) * loads_total / n_workers
-    return bound + BOUND_SLACK * max(bound, 1.0)
-
-
-def migration_priority(cost: np.ndarray, state: np.ndarray, beta: float) -> np.ndarray:
-    """γ(k) = c(k)^β / S(k, w) (§3.2, choice 4): cost per unit of state, ∞ for stateless keys."""
-    cost = np.asarray(cost, dtype=np.float64)
-    state = np.asarray(state, dtype=np.float64)
-    weighted = np.power(cost, beta)
-    gamma = np.full(cost.shape, np.inf)
-    np.divide(weighted, state, out=gamma, where=state > 0)
-    gamma[(state <= 0) & (cost <= 0)] = 0.0
-    return gamma
-
-
-def _descending(values: np.ndarray) -> np.ndarray:
-    """Indices by value, largest first; ties keep index order (choice 5)."""
-    return np.argsort(-values, kind="stable").astype(np.int64)
-
-
-@numba.njit(cache=True)
-def _group_by_worker(
-    order: np.ndarray, assign: np.ndarray, n_workers: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Keys of ``order`` that sit on a worker, grouped by worker, ``order`` kept within each."""
-    start = np.zeros(n_workers + 1, dtype=np.int64)
-    for i in range(order.shape[0]):
-        worker = assign[order[i]]
-        if worker >= 0:
-            start[worker + 1] += 1
-    for worker in range(n_workers):
-        start[worker + 1] += start[worker]
-    fill = start[:n_workers].copy()
-    members = np.empty(start[n_workers], dtype=np.int64)
-    for i in range(order.shape[0]):
-        key = order[i]
-        worker = assign[key]
-        if worker >= 0:
-            members[fill[worker]] = key
-            fill[worker] += 1
-    return members, start
-
-
-@numba.njit(cache=True)
-def _prepare(
-    phi_order: np.ndarray, cost: np.ndarray, assign: np.ndarray, loads: np.ndarray, bound: float
-) -> np.ndarray:
-    """Phase II: disassociate keys in Φ order from each overloaded worker until it fits."""
-    overloaded = 0
-    for worker in range(loads.shape[0]):
-        if loads[worker] > bound:
-            overloaded += 1
-    taken = np.empty(phi_order.shape[0], dtype=np.int64)
-    n_taken = 0
-    for i in range(phi_order.shape[0]):
-        if overloaded == 0:
-            break
-        key = phi_order[i]
-        worker = assign[key]
-        if worker < 0 or cost[key] <= 0.0 or loads[worker] <= bound:
-            continue
-        loads[worker] -= cost[key]
-        assign[key] = -1
-        taken[n_taken] = key
-        n_taken += 1
-        if loads[worker] <= bound:
-            overloaded -= 1
-    return taken[:n_taken]
-
-
-@numba.njit(cache=True)
-def _llfd(
-    candidates: np.ndarray,
-    phi_order: np.ndarray,
-    cost_order: np.ndarray,
-    cost: np.ndarray,
-    assign: np.ndarray,
-    loads: np.ndarray,
-    bound: float,
-) -> tuple[int, int]:
-    """Phase III, Algorithm 1 (choice 7). Updates ``assign`` and ``loads``; returns
-    (keys displaced by Adjust, keys placed by the least-loaded fallback)."""
-    n_keys = cost.shape[0]
-    n_workers = loads.shape[0]
-    phi_rank = np.empty(n_keys, dtype=np.int64)
-    for r in range(n_keys):
-        phi_rank[phi_order[r]] = r
-    # Condition (i): only keys on d when LLFD starts may be displaced, each at most once.
-    members, start = _group_by_worker(phi_order, assign, n_workers)
-    displaceable = np.zeros(n_keys, dtype=np.bool_)
-    for i in range(members.shape[0]):
-        displaceable[members[i]] = True
-    head = start[:n_workers].copy()
-    # Static per-worker totals of cheaper keys: an upper bound that rejects hopeless Adjusts
-    # without walking d's keys.
-    by_cost, cost_start = _group_by_worker(cost_order, assign, n_workers)
-    cost_prefix = np.zeros(by_cost.shape[0] + 1)
-    for i in range(by_cost.shape[0]):
-        cost_prefix[i + 1] = cost_prefix[i] + cost[by_cost[i]]
-
-    heap = [phi_rank[candidates[i]] for i in range(candidates.shape[0])]
-    heapq.heapify(heap)
-    tried = np.empty(n_workers, dtype=np.int64)
-    exchange = np.empty(n_keys, dtype=np.int64)
-    displaced = 0
-    fallbacks = 0
-    while len(heap) > 0:
-        key = phi_order[heapq.heappop(heap)]
-        c = cost[key]
-        # Workers by (load, index), ascending: insertion sort, n_workers is small.
-        for j in range(n_workers):
-            w = j
-            i = j - 1
-            while i >= 0 and loads[tried[i]] > loads[w]:
-                tried[i + 1] = tried[i]
-                i -= 1
-            tried[i + 1] = w
-        placed = False
-        for j in range(n_workers):
-            worker = tried[j]
-            if loads[worker] + c <= bound:
-                placed = True
-            else:
-                need = loads[worker] + c - bound
-                lo = cost_start[worker]
-                hi = cost_start[worker + 1]
-                while lo < hi:  # first position whose cost is < c (costs descend)
-                    mid = (lo + hi) // 2
-                    if cost[by_cost[mid]] < c:
-                        hi = mid
-                    else:
-                        lo = mid + 1
-                if cost_prefix[cost_start[worker + 1]] - cost_prefix[lo] < need:
-                    continue
-                end = start[worker + 1]
-                h = head[worker]
-                while h < end and not displaceable[members[h]]:
-                    h += 1
-                head[worker] = h
-                found = 0.0
-                n_exchange = 0
-                while h < end and found < need:
-                    other = members[h]
-                    if displaceable[other] and 0.0 < cost[other] < c:
-                        found += cost[other]
-                        exchange[n_exchange] = other
-                        n_exchange += 1
-                    h += 1
-                if found < need:
-                    continue
-                for i in range(n_exchange):
-                    other = exchange[i]
-                    displaceable[other] = False
-                    assign[other] = -1
-                    loads[worker] -= cost[other]
-                    heapq.heappush(heap, phi_rank[other])
-                displaced += n_exchange
-                placed = True
-            if placed:
-                assign[key] = worker
-                loads[worker] += c
-                break
-        if not placed:
-            worker = tried[0]
-            assign[key] = worker
-            loads[worker] += c
-            fallbacks += 1
-    return displaced, fallbacks
 
 
 @numba.njit(cache=True)
@@ -303,9 +77,7 @@ def _count_keys(
     mask = slots.shape[0] - 1
     for i in range(start, key_ids.shape[0]):
         key = key_ids[i]
-        pos = key & mask
-        while counts[pos] != 0 and slots[pos] != key:
-            pos = (pos + 1) & mask
+        pos = probe_slot(slots, counts, 0, key, key & mask)
         if counts[pos] == 0:
             if 2 * (n_used + 1) > slots.shape[0]:
                 return i, n_used
@@ -349,151 +121,6 @@ class _KeyCounter:
         keys, counts = self.slots[occupied], self.counts[occupied]
         order = np.argsort(keys)
         return keys[order], counts[order].astype(np.float64)
-
-
-@dataclass
-class Rebalanced:
-    """The outcome of :func:`rebalance`: the new assignment F'(k) and how it was found."""
-
-    #: F'(k) per key (int32); the table is every key with ``assignment != hashed``.
-    assignment: np.ndarray
-    #: Predicted load per worker under ``assignment``.
-    loads: np.ndarray
-    #: ``(1 + θ_max)·L̄`` plus slack.
-    bound: float
-    #: No worker above ``bound``.
-    feasible: bool
-    #: The balance was violated or the table too large, so a new assignment was computed.
-    triggered: bool
-    #: Mixed's trials as (n entries cleaned, resulting table size); one entry for the others.
-    trials: list[tuple[int, int]] = field(default_factory=list)
-    #: Mixed fell back to MinTable (choice 8).
-    degenerated: bool = False
-    #: Entries dropped to respect R_max (choice 9).
-    capped: int = 0
-    #: Size of the candidate set after Phase II, keys displaced by Adjust, fallback placements.
-    candidates: int = 0
-    displaced: int = 0
-    fallbacks: int = 0
-
-
-def _trial(
-    n_clean: int,
-    clean_order: np.ndarray,
-    phi_order: np.ndarray,
-    cost_order: np.ndarray,
-    cost: np.ndarray,
-    current: np.ndarray,
-    hashed: np.ndarray,
-    n_workers: int,
-    bound: float,
-) -> tuple[np.ndarray, np.ndarray, int, int, int]:
-    """One pass of Phases I-III; returns (assignment, loads, |C|, displaced, fallbacks)."""
-    assign = current.astype(np.int64)
-    cleaned = clean_order[:n_clean]
-    assign[cleaned] = hashed[cleaned]
-    loads = np.bincount(assign, weights=cost, minlength=n_workers).astype(np.float64)
-    candidates = _prepare(phi_order, cost, assign, loads, bound)
-    displaced, fallbacks = _llfd(candidates, phi_order, cost_order, cost, assign, loads, bound)
-    return assign, loads, int(candidates.shape[0]), int(displaced), int(fallbacks)
-
-
-def rebalance(
-    cost: np.ndarray,
-    state: np.ndarray,
-    current: np.ndarray,
-    hashed: np.ndarray,
-    n_workers: int,
-    *,
-    theta_max: float,
-    strategy: Strategy,
-    max_table_size: int | None = None,
-    beta: float = 1.5,
-    max_trials: int = 10,
-) -> Rebalanced:
-    """A new assignment for keys with costs ``cost`` and window state ``state``.
-
-    ``current`` is F(k) (the worker each key is on now) and ``hashed`` is h(k); the routing
-    table is implied: every key with ``current != hashed``. Pure: the inputs are not modified.
-    """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
-    cost = np.ascontiguousarray(cost, dtype=np.float64)
-    state = np.ascontiguousarray(state, dtype=np.float64)
-    current = np.ascontiguousarray(current, dtype=np.int64)
-    hashed = np.ascontiguousarray(hashed, dtype=np.int64)
-    loads = np.bincount(current, weights=cost, minlength=n_workers).astype(np.float64)
-    bound = balance_bound(float(cost.sum()), n_workers, theta_max)
-    entries = np.flatnonzero(current != hashed)
-    fits = max_table_size is None or entries.shape[0] <= max_table_size
-    if loads.max(initial=0.0) <= bound and fits:
-        return Rebalanced(current.astype(np.int32), loads, bound, True, False)
-
-    cost_order = _descending(cost)
-    phi_order = cost_order
-    if strategy in ("minmig", "mixed"):
-        phi_order = _descending(migration_priority(cost, state, beta))
-    # Phase I order: Mixed moves back the entries of smallest state first (Φ1).
-    clean_order = entries[np.argsort(state[entries], kind="stable")]
-
-    def run(n_clean: int, order: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, int, int]:
-        return _trial(
-            n_clean, clean_order, order, cost_order, cost, current, hashed, n_workers, bound
-        )
-
-    degenerated = False
-    trials: list[tuple[int, int]] = []
-    if strategy == "mintable":
-        n_clean = entries.shape[0]
-        result = run(n_clean, phi_order)
-        trials.append((n_clean, int(np.sum(result[0] != hashed))))
-    elif strategy != "mixed" or max_table_size is None:
-        result = run(0, phi_order)
-        trials.append((0, int(np.sum(result[0] != hashed))))
-    else:
-        n_clean = 0
-        while True:
-            result = run(n_clean, phi_order)
-            size = int(np.sum(result[0] != hashed))
-            trials.append((n_clean, size))
-            if size <= max_table_size:
-                break
-            n_clean += size - max_table_size
-            if n_clean >= entries.shape[0] or len(trials) >= max_trials:
-                degenerated = True
-                result = run(entries.shape[0], cost_order)
-                trials.append((int(entries.shape[0]), int(np.sum(result[0] != hashed))))
-                break
-
-    assign, loads, n_candidates, displaced, fallbacks = result
-    capped = 0
-    if max_table_size is not None:
-        table_keys = np.flatnonzero(assign != hashed)
-        if table_keys.shape[0] > max_table_size:
-            keep_order = table_keys[np.argsort(-cost[table_keys], kind="stable")]
-            dropped = keep_order[max_table_size:]
-            assign[dropped] = hashed[dropped]
-            capped = int(dropped.shape[0])
-            loads = np.bincount(assign, weights=cost, minlength=n_workers).astype(np.float64)
-    return Rebalanced(
-        assignment=assign.astype(np.int32),
-        loads=loads,
-        bound=bound,
-        feasible=bool(loads.max(initial=0.0) <= bound),
-        triggered=True,
-        trials=trials,
-        degenerated=degenerated,
-        capped=capped,
-        candidates=n_candidates,
-        displaced=displaced,
-        fallbacks=fallbacks,
-    )
-
-
-def _imbalance(loads: np.ndarray) -> float:
-    """max/avg (the paper's "workload skewness", §5); 1.0 for an idle system."""
-    mean = float(loads.mean()) if loads.size else 0.0
-    return float(loads.max()) / mean if mean > 0 else 1.0
 
 
 class FangScheme(TableScheme):

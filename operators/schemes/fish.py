@@ -1,60 +1,10 @@
 """FISH: recent hot keys spread over ring successors, chosen by estimated waiting time.
 
-Huang et al., "Efficient Time-Evolving Stream Processing at Scale" (arXiv 1806.00760; seeds/002,
-notes/fish.md). Each source runs the three steps of the paper on its own records:
-
-1. **Epoch-based recent hot-key identification** (§4.1, Alg. 1). A SpaceSaving summary of
-   ``capacity`` counters (:mod:`operators.sketches.spacesaving`; *intra-epoch counting*, the
-   newcomer's count is the replaced one's plus 1) counts this source's records; after every
-   ``epoch`` records all counters and the total are multiplied by ``decay`` (*inter-epoch
-   hotness decaying*: 1 never forgets, 0 forgets everything, §6.3).
-2. **Hot-key classification, CHK** (§4.1, Alg. 2). A key is hot when its recent frequency
-   ``f_k = (count - error) / total`` exceeds ``θ = 2/(n·T)``. It gets
-   ``d = max(⌈n · f_k / f_max⌉, d_min)`` workers (at most n), where ``f_max`` is the largest
-   frequency in the summary, and the count it gets is remembered per key: ``M_k = max(M_k, d)``,
-   so a key's workers grow with its frequency and never shrink (also across cold spells).
-3. **Heuristic worker assignment** (§4.2, Alg. 3, and §5). A hot key's candidates are its first
-   ``M_k`` distinct successors on a consistent-hash ring with ``virtual_nodes`` points per
-   worker (:class:`operators.ring.HashRing`); the record goes to the candidate whose estimated
-   completion time is smallest. The estimate is *inferred, not communicated*: the source knows
-   what it sent to each worker and each worker's relative speed (``worker_speeds``), and models
-   each worker as a queue that serves its speed's share of this source's stream per record.
-
-The paper's extraction lost every formula and default (notes/fish.md §0, §6); the choices:
-
-* ``epoch`` = 1000 records and ``decay`` = 0.5 (§4.1 "three orders of magnitude" fewer decay
-  sweeps than per-tuple decay suggests N ≈ 10^3; α's best value is lost, 0.5 halves the past
-  every epoch). ``capacity`` K_max = max(100, 2/θ) = max(100, n·T): SpaceSaving's error is at
-  most total/K_max = θ/2 of the decayed total, so every key above 1.5·θ is found hot (with
-  the D-C/W-C reference's 100 counters, §2.3's "top-100", keys just above θ keep being
-  evicted before they are seen twice once n·T > 100).
-* θ = 2/(n·T) with T = 10, i.e. 1/(5n), as D-Choices (§6.3 cites [15] for the range).
-* Frequencies use SpaceSaving's *guaranteed* count ``count - error``: Table I has no error
-  term, and the over-estimate would make every newly admitted tail key look hot (the
-  memory blow-up §2.3 reports for D-C100/W-C100). No key is hot during the first epoch, when
-  a handful of records makes any key look frequent.
-* CHK's lost formula (lines 1-4) is ``⌈n · f_k / f_max⌉`` (Table I lists f_k, f_max, n):
-  the hottest key may use every worker, the others in proportion. ``d_min`` ("related to the
-  sum of the frequency of all hot keys") is ``max(2, ⌈n · F_H / h⌉)`` for ``h`` hot keys of
-  total frequency ``F_H``: a hot key gets at least the average hot key's share of the workers.
-  ``f_max``, ``F_H`` and ``h`` are refreshed in the epoch-end sweep that decays the counters
-  (``f_max`` also rises at once whenever a counter passes it).
-* Non-hot keys (§1.8 UNCLEAR) go to their ring owner only (one worker, which is also the
-  first candidate of the key if it turns hot), after Observation 1 ("only a few keys are
-  saved in multiple workers") and §6.2's "special assignment for a small fraction of keys";
-  the other reading, PKG-style two choices for every key, would cost about PKG's memory and
-  balance low-skew streams better.
-* The ring (§5): ``virtual_nodes`` = 1000 points per worker (the paper's count is not given;
-  Gedik §5.5 uses 1000), placed and looked up with the 64-bit MurmurHash3 of
-  :class:`~operators.ring.HashRing` instead of the paper's 32-bit SHA-1. Every source with
-  the same ``seed`` builds the same ring.
-* Waiting time (§4.2, formulas lost): per worker ``w`` with relative speed ``s_w``, service
-  rate ``r_w = s_w / Σ s`` tuples per record of this source (capacity equal to the arrival
-  rate); backlog ``U_w`` drains at ``r_w`` between this source's records (a fluid queue,
-  evaluated lazily) and grows by 1 per record sent; ``E_w = (U_w + 1) / r_w``, the time at
-  which this record would be done, so among idle workers the faster wins. Ties go to the
-  earlier ring successor. The 10 s re-estimation interval T becomes continuous estimation on
-  the record clock (the simulator has no wall clock).
+Layer: operators. Huang et al., "Efficient Time-Evolving Stream Processing at Scale": per
+source, a decaying SpaceSaving finds recent hot keys (§4.1, Alg. 1), CHK gives each ``d``
+workers (Alg. 2), and a record goes to the ring successor of least estimated completion time,
+from what the source sent and ``worker_speeds`` (§4.2, Alg. 3, §5). The paper lost every
+formula and default; ours: docs/schemes.md#fish.
 
 Example:
     >>> import numpy as np

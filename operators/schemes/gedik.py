@@ -1,72 +1,12 @@
-"""Gedik's partitioning functions: ``scan``, ``redist`` and ``readj`` (Gedik, VLDBJ 2014).
+"""Gedik's partitioning functions: ``scan``, ``redist`` and ``readj``.
 
-A partitioning function is a pair ``p = <H_p, H_c>`` (§4.1, Alg. 1): an explicit hash ``H_p``
-for the keys of frequency ``>= delta`` (a :class:`~operators.base.RoutingTable`), looked up
-first, and a consistent hash ``H_c`` (:class:`~operators.ring.HashRing`, 1000 replicas per
-channel as in §5.5) for every other key. Each source tracks frequencies with lossy counting
-(:mod:`operators.sketches.lossy_counting`); :meth:`plan` builds ``p^(t+1)`` from ``p^(t)`` and the
-merged statistics with one of three greedy heuristics (§4.2) that minimise a utility ``U(rho,
-gamma)`` of the balance penalty ``rho`` (Eqs. 19-20) and the migration penalty ``gamma``
-(Eq. 18):
-
-- ``scan`` (Alg. 2): keys by decreasing frequency, each on the channel of lowest ``U``;
-- ``redist`` (Alg. 3): at every step the (unplaced key, channel) of lowest ``U / f``;
-- ``readj`` (Alg. 4): keys start where ``p^(t)`` had them; then the move or swap that lowers
-  ``rho`` with the best gain ``(U - U') / |f(d1) - f(d2)|`` is applied, until none lowers it.
-
-**Changing the number of channels.** ``plan(stats, n_workers=N)`` plans for ``N`` channels
-(default: the current number); ``resize(N, plan.table)`` then switches ring and table together,
-so no key is ever routed to a channel that is gone. ``install(table)`` adopts a plan with the
-same number of channels (what the simulator's controller does).
-
-**What a Plan reports.** ``moved_keys``: every key the planner can name (the statistics' keys and
-the old table's keys) whose channel differs between ``p^(t)`` and ``p^(t+1)``, including keys
-only on the ring whose owner changed because of a resize. Migration counts *all* moved state,
-as the paper's ``m`` does: the named keys exactly, plus the untracked keys on ring arcs whose
-owner changes, estimated by spreading the untracked mass over a channel's arc as consistent
-hashing spreads key counts (the live controller finds those keys by re-routing the state it
-holds with :meth:`lookup`). ``migration_cost`` is that in measured state (``state_size``,
-records for our statistics), the unit every TableScheme reports; ``details`` has it in the
-paper's units: ``M`` (Eq. 9) and ``m`` (Eq. 12), plus ``rho``, ``gamma``, ``b`` (Eq. 11 over
-the non-constant resources, estimated the same way), ``b_k``, ``delta``, ``theta``,
-``tracked`` and ``n_workers``. ``feasible`` is ``r_k <= alpha`` for those resources.
-
-Choices where the paper is ambiguous (see also ../shared/notes/gedik.md §5.4):
-
-1. Loads (§3.1): a key adds ``beta_k(f)`` to resource ``k`` of its channel for every ``k``,
-   i.e. ``L_k(i) = sum beta_k(f(d))``. Eq. 3's extra factor ``f`` is dropped: only this
-   reading fits Eq. 17 (a constant resource's mean load is ``|D|/N``, a linear one's ``1/N``),
-   §4.4 (constant resources "balance for free") and the toy example (loads 39/35 = sum f^2).
-2. ``rho`` is the geometric mean over the *non-constant* resources only (§4.4), exponent 1/K;
-   with the default LCL it is ``rho_n`` (``rho_s`` equals it). ``rho = 0`` for an empty map.
-3. ``gamma`` follows Eq. 18 in all three algorithms: numerator over ``D_o`` (keys no longer
-   tracked that the new ring moves) plus moved map entries, denominator over ``D_a``; the
-   pseudo-code's ``D_p``/``D_n`` variants are read as typos (the §4.2.2 prose says ``D_a``).
-4. ``delta`` (Eq. 17) = min over resources; ``D_p^(t+1)`` is what lossy counting returns for
-   it, ``f >= delta - epsilon`` (§4.1.2). ``epsilon`` defaults to ``delta/10`` at the channel
-   count the scheme is built with (Manku–Motwani's rule; the paper's "0.1" cannot be absolute):
-   pass it explicitly when you will plan for more channels. Quadratic resources need
-   ``domain_size`` (``|D|`` in Eq. 17) and use the §4.1.3 post-filter
-   ``delta'_k = sqrt(sigma theta_k Lhat_k / N)`` with ``Lhat_k`` the paper's predicted total
-   ``sum_I f^2 + (|D|-|I|) ((1 - sum_I f)/(|D|-|I|))^2``.
-5. One channel: ``theta = 0`` (Eq. 15) and nothing can be imbalanced, so the map is empty.
-   ``alpha`` must exceed 1 (``alpha = 1`` makes every imbalance infinitely bad).
-6. Redist: the chosen key's own old channel decides its migration (the pseudo-code reuses the
-   last candidate's ``h``). Readj, as Alg. 4 reads with ``g <- -inf`` and as §4.2.4 says ("only
-   considers readjustments that reduce the imbalance, and only uses the utility function for
-   picking the best among those"): every readjustment that strictly lowers ``rho`` competes,
-   the best gain ``(U - U') / |f(d1) - f(d2)|`` wins even when negative, and the search stops
-   when none lowers ``rho``. The gain's baseline is the current ``U`` (the pseudo-code's
-   ``u <- 0`` is a typo). Requiring ``U' < U`` as well stalls on the flat ``max - min`` of
-   Eq. 19 and loses the paper's "readj balances best" result (we measured both). A key moves at
-   most ``move_limit`` times (``c = 5``, §4.2.4); keys on channels a shrink removed start on the
-   new ring. Equal-frequency swaps never lower ``rho``, so the gain never divides by zero.
-7. Keys the statistics no longer report but the old map held have ``f = 0``.
-8. ``statistics(reset=True)`` clears the counter when ``window`` is None (the statistics cover
-   one controller interval, like the other table schemes); with ``window=W`` the sliding
-   emulation (3 counters) is the recency mechanism and is never cleared.
-9. Utilities (§4.3): ``A``, ``APM`` (default), ``APLM``, ``ATM``, ``ATLM``; ``log`` is natural.
-   Ties go to the lower channel and to the more frequent key (then the lower key id).
+Layer: operators. Gedik, "Partitioning Functions for Stateful Data Parallelism in Stream
+Processing", VLDB Journal 2014: a function ``<H_p, H_c>`` (§4.1, Alg. 1) is an explicit map
+for the keys of frequency ``>= delta`` looked up first, and a consistent hash (1000 replicas
+per channel, §5.5) for every other key; :meth:`GedikScheme.plan` rebuilds the map with one of
+the three heuristics of §4.2 (kernels in :mod:`operators.schemes.gedik_construction`).
+``plan(stats, n_workers=N)`` then ``resize(N, plan.table)`` changes the number of channels.
+What a Plan reports and the choices where the paper is ambiguous: docs/schemes.md#gedik.
 
 Example:
     >>> import numpy as np
@@ -86,19 +26,22 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numba
 import numpy as np
 
 from operators.base import KeyStatistics, Plan, RoutingTable, SchemeError, TableScheme
 from operators.keys import KeyBatch
 from operators.ring import HashRing
+from operators.schemes.gedik_construction import (
+    UTILITIES,
+    Construction,
+    readj,
+    redist,
+    scan,
+)
 from operators.sketches.lossy_counting import LossyCounter, SlidingLossyCounter
 
-#: Utility functions of §4.3, in the order of their numba codes.
-UTILITIES = ("A", "APM", "APLM", "ATM", "ATLM")
 #: Resource functions beta: Constant (1), Linear (x), Quadratic (x^2).
 RESOURCE_FUNCTIONS = "CLQ"
 #: Ring positions sampled to estimate arc shares (untracked load, its migration on a resize).
@@ -120,383 +63,6 @@ def resource_load(frequency: np.ndarray, kind: str) -> np.ndarray:
     if kind == "L":
         return frequency.copy()
     return frequency * frequency
-
-
-# --- compiled construction kernels -------------------------------------------------------------
-# loads[k, i] is resource k's load on channel i from the keys already in the explicit map;
-# top/bottom hold each resource's three largest/smallest loads (values, channels) so that the
-# balance penalty after changing one or two channels costs O(1) instead of O(N).
-
-
-@numba.njit(cache=True)
-def _keep_three(
-    values: np.ndarray, index: np.ndarray, k: int, v: float, i: int, sign: float
-) -> None:
-    """Insert channel ``i``'s load ``v`` into row ``k`` of the three most extreme loads, kept in
-    order: the largest for ``sign`` 1, the smallest for -1 (ties keep the earlier channel)."""
-    if sign * v > sign * values[k, 2]:
-        if sign * v > sign * values[k, 1]:
-            values[k, 2] = values[k, 1]
-            index[k, 2] = index[k, 1]
-            if sign * v > sign * values[k, 0]:
-                values[k, 1] = values[k, 0]
-                index[k, 1] = index[k, 0]
-                values[k, 0] = v
-                index[k, 0] = i
-            else:
-                values[k, 1] = v
-                index[k, 1] = i
-        else:
-            values[k, 2] = v
-            index[k, 2] = i
-
-
-@numba.njit(cache=True)
-def _extremes(
-    loads: np.ndarray,
-    top_val: np.ndarray,
-    top_idx: np.ndarray,
-    bot_val: np.ndarray,
-    bot_idx: np.ndarray,
-) -> None:
-    n_resources, n_channels = loads.shape
-    for k in range(n_resources):
-        for r in range(3):
-            top_val[k, r] = -np.inf
-            top_idx[k, r] = -1
-            bot_val[k, r] = np.inf
-            bot_idx[k, r] = -1
-        for i in range(n_channels):
-            _keep_three(top_val, top_idx, k, loads[k, i], i, 1.0)
-            _keep_three(bot_val, bot_idx, k, loads[k, i], i, -1.0)
-
-
-@numba.njit(cache=True)
-def _rho_after(
-    loads: np.ndarray,
-    totals: np.ndarray,
-    theta: float,
-    top_val: np.ndarray,
-    top_idx: np.ndarray,
-    bot_val: np.ndarray,
-    bot_idx: np.ndarray,
-    c1: int,
-    delta1: np.ndarray,
-    c2: int,
-    delta2: np.ndarray,
-) -> float:
-    """rho (Eqs. 19-20) after adding ``delta1`` to channel ``c1`` and ``delta2`` to ``c2``.
-
-    ``c2 = -1`` changes one channel only. Extremes must describe ``loads``.
-    """
-    n_resources, n_channels = loads.shape
-    product = 1.0
-    for k in range(n_resources):
-        hi = -np.inf
-        lo = np.inf
-        for r in range(3):
-            idx = top_idx[k, r]
-            if idx >= 0 and idx != c1 and idx != c2:
-                hi = top_val[k, r]
-                break
-        for r in range(3):
-            idx = bot_idx[k, r]
-            if idx >= 0 and idx != c1 and idx != c2:
-                lo = bot_val[k, r]
-                break
-        v1 = loads[k, c1] + delta1[k]
-        hi = max(hi, v1)
-        lo = min(lo, v1)
-        total = totals[k] + delta1[k]
-        if c2 >= 0:
-            v2 = loads[k, c2] + delta2[k]
-            hi = max(hi, v2)
-            lo = min(lo, v2)
-            total = totals[k] + (delta1[k] + delta2[k])
-        spread = hi - lo
-        if total <= 0.0 or spread <= 0.0:
-            return 0.0
-        product *= spread / (theta * total / n_channels)
-    if n_resources == 1:
-        return product
-    return product ** (1.0 / n_resources)
-
-
-@numba.njit(cache=True)
-def _utility(code: int, rho: float, gamma: float) -> float:
-    if code == 0:
-        return rho
-    if code == 1:
-        return rho + gamma
-    if code == 2:
-        return rho + math.log1p(gamma)
-    if code == 3:
-        return rho * (1.0 + gamma)
-    return rho * (1.0 + math.log1p(gamma))
-
-
-@numba.njit(cache=True)
-def _workspace(
-    n_resources: int, n_channels: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Zeroed per-channel ``loads`` and ``totals``, and the buffers :func:`_extremes` fills."""
-    return (
-        np.zeros((n_resources, n_channels)),
-        np.zeros(n_resources),
-        np.empty((n_resources, 3)),
-        np.empty((n_resources, 3), dtype=np.int64),
-        np.empty((n_resources, 3)),
-        np.empty((n_resources, 3), dtype=np.int64),
-    )
-
-
-@numba.njit(cache=True)
-def _place(loads: np.ndarray, totals: np.ndarray, row: np.ndarray, channel: int) -> None:
-    """Add one item's resource vector ``row`` to ``channel``."""
-    for k in range(row.shape[0]):
-        loads[k, channel] += row[k]
-        totals[k] += row[k]
-
-
-@numba.njit(cache=True)
-def _best_channel(
-    loads: np.ndarray,
-    totals: np.ndarray,
-    theta: float,
-    top_val: np.ndarray,
-    top_idx: np.ndarray,
-    bot_val: np.ndarray,
-    bot_idx: np.ndarray,
-    row: np.ndarray,
-    home: int,
-    cost: float,
-    m: float,
-    m_bar: float,
-    n_channels: int,
-    utility: int,
-    unused: np.ndarray,
-) -> tuple[float, int, float]:
-    """(utility, channel, rho) of the best channel for one unplaced item (ties: lowest channel);
-    leaving its ``home`` channel adds its ``cost`` to the migration."""
-    best_u = np.inf
-    best_l = 0
-    best_rho = 0.0
-    for channel in range(n_channels):
-        a = _rho_after(
-            loads, totals, theta, top_val, top_idx, bot_val, bot_idx, channel, row, -1, unused
-        )
-        moved = cost if channel != home else 0.0
-        u = _utility(utility, a, (m + moved) / m_bar)
-        if u < best_u:
-            best_u, best_l, best_rho = u, channel, a
-    return best_u, best_l, best_rho
-
-
-@numba.njit(cache=True)
-def _scan(
-    ell: np.ndarray,
-    theta: float,
-    cost: np.ndarray,
-    home: np.ndarray,
-    m0: float,
-    m_bar: float,
-    n_channels: int,
-    utility: int,
-) -> tuple[np.ndarray, float, float]:
-    n_items, n_resources = ell.shape
-    loads, totals, top_val, top_idx, bot_val, bot_idx = _workspace(n_resources, n_channels)
-    unused = np.zeros(n_resources)
-    assign = np.empty(n_items, dtype=np.int32)
-    m = m0
-    rho = 0.0
-    for d in range(n_items):
-        _extremes(loads, top_val, top_idx, bot_val, bot_idx)
-        _, best_l, rho = _best_channel(
-            loads, totals, theta, top_val, top_idx, bot_val, bot_idx,
-            ell[d], home[d], cost[d], m, m_bar, n_channels, utility, unused,
-        )  # fmt: skip
-        assign[d] = best_l
-        if best_l != home[d]:
-            m += cost[d]
-        _place(loads, totals, ell[d], best_l)
-    return assign, m, rho
-
-
-@numba.njit(cache=True)
-def _redist(
-    ell: np.ndarray,
-    theta: float,
-    cost: np.ndarray,
-    frequency: np.ndarray,
-    home: np.ndarray,
-    m0: float,
-    m_bar: float,
-    n_channels: int,
-    utility: int,
-) -> tuple[np.ndarray, float, float]:
-    n_items, n_resources = ell.shape
-    loads, totals, top_val, top_idx, bot_val, bot_idx = _workspace(n_resources, n_channels)
-    unused = np.zeros(n_resources)
-    assign = np.full(n_items, -1, dtype=np.int32)
-    m = m0
-    rho = 0.0
-    for _step in range(n_items):
-        _extremes(loads, top_val, top_idx, bot_val, bot_idx)
-        best_u = np.inf
-        best_d = -1
-        best_l = 0
-        best_rho = 0.0
-        for c in range(n_items):
-            if assign[c] >= 0:
-                continue
-            u, channel, a = _best_channel(
-                loads, totals, theta, top_val, top_idx, bot_val, bot_idx,
-                ell[c], home[c], cost[c], m, m_bar, n_channels, utility, unused,
-            )  # fmt: skip
-            # Dividing by the key's frequency ranks keys; a channel's rank among one key's
-            # channels is the same as without it.
-            u = u / frequency[c]
-            if u < best_u:
-                best_u, best_d, best_l, best_rho = u, c, channel, a
-        assign[best_d] = best_l
-        if best_l != home[best_d]:
-            m += cost[best_d]
-        _place(loads, totals, ell[best_d], best_l)
-        rho = best_rho
-    return assign, m, rho
-
-
-@numba.njit(cache=True)
-def _relocation_cost(cost: np.ndarray, home: np.ndarray, d: int, source: int, target: int) -> float:
-    """Eq. 22 for one key: leaving its old channel costs its state, returning home refunds it."""
-    leaves = 1.0 if home[d] == source else 0.0
-    returns = 1.0 if home[d] == target else 0.0
-    return cost[d] * (leaves - returns)
-
-
-@numba.njit(cache=True)
-def _readj(
-    ell: np.ndarray,
-    theta: float,
-    cost: np.ndarray,
-    frequency: np.ndarray,
-    home: np.ndarray,
-    start: np.ndarray,
-    m0: float,
-    m_bar: float,
-    n_channels: int,
-    utility: int,
-    move_limit: int,
-) -> tuple[np.ndarray, float, float]:
-    n_items, n_resources = ell.shape
-    assign = start.copy()
-    loads, totals, top_val, top_idx, bot_val, bot_idx = _workspace(n_resources, n_channels)
-    m = m0
-    for d in range(n_items):
-        _place(loads, totals, ell[d], assign[d])
-        if assign[d] != home[d]:
-            m += cost[d]
-    delta1 = np.zeros(n_resources)
-    delta2 = np.zeros(n_resources)
-    still = np.zeros(n_resources)
-    moves = np.zeros(n_items, dtype=np.int64)
-    critical = np.zeros(n_channels, dtype=np.bool_)
-    while True:
-        _extremes(loads, top_val, top_idx, bot_val, bot_idx)
-        rho_now = _rho_after(
-            loads, totals, theta, top_val, top_idx, bot_val, bot_idx, 0, still, -1, still
-        )
-        # A readjustment that touches no channel holding some resource's max or min cannot
-        # shrink any max - min, so it cannot lower rho: skipping it changes no decision.
-        for c in range(n_channels):
-            critical[c] = False
-            for k in range(n_resources):
-                if loads[k, c] == top_val[k, 0] or loads[k, c] == bot_val[k, 0]:
-                    critical[c] = True
-        u_now = _utility(utility, rho_now, m / m_bar)
-        best_gain = -np.inf
-        best_d1 = -1
-        best_d2 = -1
-        best_j = -1
-        best_mig = 0.0
-        for d1 in range(n_items):
-            if moves[d1] >= move_limit:
-                continue
-            i = assign[d1]
-            for k in range(n_resources):
-                delta1[k] = -ell[d1, k]
-                delta2[k] = ell[d1, k]
-            for j in range(n_channels):
-                if j == i or not (critical[i] or critical[j]):
-                    continue
-                a = _rho_after(
-                    loads, totals, theta, top_val, top_idx, bot_val, bot_idx, i, delta1, j, delta2
-                )
-                if a >= rho_now:
-                    continue
-                mig = _relocation_cost(cost, home, d1, i, j)
-                gain = (u_now - _utility(utility, a, (m + mig) / m_bar)) / frequency[d1]
-                if gain > best_gain:
-                    best_gain, best_d1, best_d2, best_j, best_mig = gain, d1, -1, j, mig
-            for d2 in range(d1 + 1, n_items):
-                j = assign[d2]
-                if j == i or not (critical[i] or critical[j]):
-                    continue
-                if moves[d2] >= move_limit or frequency[d1] == frequency[d2]:
-                    continue
-                for k in range(n_resources):
-                    delta1[k] = ell[d2, k] - ell[d1, k]
-                    delta2[k] = ell[d1, k] - ell[d2, k]
-                a = _rho_after(
-                    loads, totals, theta, top_val, top_idx, bot_val, bot_idx, i, delta1, j, delta2
-                )
-                if a >= rho_now:
-                    continue
-                mig = _relocation_cost(cost, home, d1, i, j) + _relocation_cost(
-                    cost, home, d2, j, i
-                )
-                gain = (u_now - _utility(utility, a, (m + mig) / m_bar)) / abs(
-                    frequency[d1] - frequency[d2]
-                )
-                if gain > best_gain:
-                    best_gain, best_d1, best_d2, best_j, best_mig = gain, d1, d2, j, mig
-        if best_d1 < 0:
-            return assign, m, rho_now
-        i = assign[best_d1]
-        for k in range(n_resources):
-            loads[k, i] -= ell[best_d1, k]
-            loads[k, best_j] += ell[best_d1, k]
-        assign[best_d1] = best_j
-        moves[best_d1] += 1
-        if best_d2 >= 0:
-            for k in range(n_resources):
-                loads[k, best_j] -= ell[best_d2, k]
-                loads[k, i] += ell[best_d2, k]
-            assign[best_d2] = i
-            moves[best_d2] += 1
-        m += best_mig
-
-
-# --- the schemes -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Construction:
-    """What a construction heuristic places: the tracked keys in placement order, each with its
-    resource vector (a row of ``ell``), migration ``cost``, ``frequency``, old channel ``home``
-    (>= ``n_workers`` when new to the table) and new ring owner, plus θ, M₀, M̄ and the utility's
-    index in :data:`UTILITIES`."""
-
-    ell: np.ndarray
-    theta: float
-    cost: np.ndarray
-    frequency: np.ndarray
-    home: np.ndarray
-    ring_owner: np.ndarray
-    m0: float
-    m_bar: float
-    n_workers: int
-    utility: int
 
 
 class GedikScheme(TableScheme):
@@ -846,8 +412,7 @@ class Scan(GedikScheme):
     algorithm = "scan"
 
     def _construct(self, problem: Construction) -> tuple[np.ndarray, float, float]:
-        p = problem
-        return _scan(p.ell, p.theta, p.cost, p.home, p.m0, p.m_bar, p.n_workers, p.utility)
+        return scan(problem)
 
 
 class Redist(GedikScheme):
@@ -857,10 +422,7 @@ class Redist(GedikScheme):
     algorithm = "redist"
 
     def _construct(self, problem: Construction) -> tuple[np.ndarray, float, float]:
-        p = problem
-        return _redist(
-            p.ell, p.theta, p.cost, p.frequency, p.home, p.m0, p.m_bar, p.n_workers, p.utility
-        )
+        return redist(problem)
 
 
 class Readj(GedikScheme):
@@ -883,10 +445,7 @@ class Readj(GedikScheme):
         p = problem
         # Keys new to the table start on their ring owner (their home is past the channels).
         start = np.where(p.home < p.n_workers, p.home, p.ring_owner).astype(np.int32)
-        return _readj(
-            p.ell, p.theta, p.cost, p.frequency, p.home, start, p.m0, p.m_bar, p.n_workers,
-            p.utility, self.move_limit,
-        )  # fmt: skip
+        return readj(p, start, self.move_limit)
 
     def params(self) -> dict[str, Any]:
         return {**super().params(), "move_limit": self.move_limit}

@@ -1,27 +1,11 @@
-"""On-Greedy and Off-Greedy: the PKG paper's key-affine baselines (Nasir et al., ICDE 2015, §V-B).
+"""On-Greedy and Off-Greedy: the PKG paper's key-affine baselines.
 
-* ``greedy-online`` -- "Online greedy algorithm that picks the least loaded worker to handle a
-  new key." A key's first record goes to the least loaded of *all* W workers, and the key stays
-  there. Loads are the true loads of every record routed so far and the key table is shared by
-  all sources: like PoTC, the paper calls it a technique "that require[s] coordination", so the
-  class sets ``global_estimation = True`` and the simulator routes the whole interleaved
-  stream through one object. Ties go to the lowest worker id (the paper does not say).
-* ``greedy-offline`` -- "Offline greedy sorts the keys by decreasing frequency and executes
-  On-Greedy" and "knows the whole distribution of keys". The paper leaves open (pkg.md §1.5,
-  §9 item 3) whether "executes On-Greedy" weighs each key by its frequency. We build the
-  variant that uses the knowledge it is granted: longest-processing-time first (LPT). In
-  :meth:`OfflineGreedy.prepare`, which sees the whole stream before routing starts, keys are
-  taken by decreasing frequency (ties: earlier first appearance first) and each is placed on
-  the worker with the smallest total frequency placed so far (ties: lowest id). Routing then
-  follows that table. Replaying On-Greedy on a frequency-sorted stream instead would decide
-  by load counts that, at each new key, still miss every later record of the keys placed
-  before it -- a weaker use of the same offline knowledge. A key that ``prepare`` never saw is
-  placed as On-Greedy would place it.
-
-  LPT balances the *final* loads (to within the smallest key frequency when keys are many);
-  the imbalance *through time*, which Table II averages, still carries the stream's sampling
-  noise, so on a random stream Off-Greedy cannot get the near-zero averages PKG gets while
-  every record can go to either of two workers.
+Layer: operators. Nasir et al., "The Power of Both Choices", ICDE 2015, §V-B. ``greedy-online``
+sends a key's first record to the least loaded of all W workers and keeps it there (true loads,
+one shared table: ``global_estimation = True``). ``greedy-offline`` sees the whole stream in
+:meth:`OfflineGreedy.prepare` and places keys by decreasing frequency, each on the worker of
+smallest placed total (longest-processing-time first). Why LPT and the ties:
+docs/schemes.md#on-greedy-and-off-greedy.
 
 Example:
     >>> from operators.keys import KeyBatch

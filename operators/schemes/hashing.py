@@ -1,9 +1,9 @@
-"""The two baselines of every seed paper: key grouping (hashing) and shuffle grouping.
+"""The two baselines of every paper: key grouping (hashing) and shuffle grouping.
 
-Key grouping sends key ``k`` to ``|h13(k)| mod W``: the first of PKG's two candidates
-(MurmurHash3 x64 128 with seed 13, DESIGN.md), so KG and PKG agree on a key's first worker and
-their comparison isolates the second choice. Shuffle grouping is round-robin per source, which
-bounds each source's imbalance by one record (PKG paper §II, "SG").
+Layer: operators. Key grouping sends key ``k`` to ``|h13(k)| mod W``, the first of PKG's two
+candidates (docs/schemes.md#pkg), so KG and PKG agree on a key's first worker and their
+comparison isolates the second choice. Shuffle grouping is round-robin per source (Nasir et
+al., "The Power of Both Choices", ICDE 2015, §II, "SG").
 
 Example:
     >>> from operators.keys import KeyBatch
@@ -22,7 +22,7 @@ import numpy as np
 from operators.base import Scheme
 from operators.keys import KeyBatch, choice_from_hash
 
-#: Seeds of PKG's two hash functions (Storm's original PartialKeyGrouping; DESIGN.md).
+#: Seeds of PKG's two hash functions (Storm's original PartialKeyGrouping; docs/schemes.md#pkg).
 FIRST_SEED = 13
 SECOND_SEED = 17
 

@@ -1,45 +1,12 @@
-"""Partial Key Grouping (PKG): "The Power of Both Choices", Nasir et al., ICDE 2015, §III.
+"""Partial Key Grouping (PKG): two candidates per key, the least loaded by this source wins.
 
-Every key has two candidate workers, and each record goes to whichever of the two this source
-has loaded least so far ("key splitting" + "local load estimation", §III-A/B). Routing splits
-in two as in Storm's ``PartialKeyGrouping``:
-
-* *which candidates*: ``|h13(k)| mod W`` and ``|h17(k)| mod W``, with ``h_s`` the first 64 bits
-  of MurmurHash3 x64 128 of the key bytes with seed ``s`` (Storm's original code and the
-  authors' ``gdfm/partial-key-grouping``; the paper names no hash, pkg.md §8). When both
-  hashes pick the same worker the key simply has one worker, as in that code.
-* *which of them*: the candidate with the smaller load estimate, ties to the first candidate
-  (Storm's ``BalancedTargetSelector``, :func:`operators.selection.least_loaded`); the estimate
-  is the count of records this source sent to each worker, cumulative and never decayed.
-
-The hot loop fuses both steps into one compiled pass over the two hash arrays (a 64-bit
-division per candidate would cost more than everything else; see
-:func:`operators.keys.abs_mod`). It makes exactly the decisions of
-``least_loaded(column_stack([choice_from_hash(h13, W), choice_from_hash(h17, W)]), loads)``,
-and a batch gives the decisions of one-record-at-a-time routing.
-
-Variants (§III-B, §V-B Q2), all with the same candidates:
-
-* ``pkg`` (paper: L, "local estimation"): each source counts only its own records.
-* ``pkg-global`` (paper: G): the loads are the true global loads. In the simulator that is
-  literally one object routing the whole interleaved stream (``global_estimation = True``).
-* ``pkg-probing`` (paper: LP, "periodic probing of worker load every T_p minutes ... the local
-  estimate vector is set to the actual load of the workers"): every ``probe_interval`` records
-  of the whole stream the simulator hands every source the true loads. What the probe
-  replaces, exactly: the source's whole estimate becomes ``true_loads / S`` -- its 1/S share
-  of the true loads -- and each of its own records then adds 1 as before. At the probe instant
-  this makes the same choice as the paper's "set to the actual load" (comparing two workers is
-  unaffected by scaling), and it is what the authors' simulator does
-  (``localworkload[j][i] = workload[i] / numSources`` in streamLoadBalancing's
-  ``LBPoTCLocalProbing``). Without the 1/S every one of the S sources would fill a gap seen in
-  the true loads by itself, overshooting it S times. We keep the share exact (no rounding) by
-  counting in units of 1/S record: the probe stores ``true_loads`` and each own record adds
-  ``S``. The paper probes every ``T_p = 1`` minute (L5P1); by default we probe every
-  15,000 records, about one minute of the WP trace (22M messages in one day, Table I: 22e6 /
-  1440 = 15,278 per minute).
-
-``seed`` does not change PKG: its hash seeds are fixed (13 and 17) so that decisions compare
-one to one with Storm's.
+Layer: operators. Nasir et al., "The Power of Both Choices: Practical Load Balancing for
+Distributed Stream Processing Engines", ICDE 2015, §III ("key splitting" + "local load
+estimation"). Candidates are ``|h13(k)| mod W`` and ``|h17(k)| mod W`` (MurmurHash3 x64 128,
+first 64 bits, as Storm's original ``PartialKeyGrouping``); ties go to the first; loads are the
+records this source sent, never decayed. ``pkg-global`` (the paper's G) routes with the true
+loads and ``pkg-probing`` (LP) resets the estimate from them every ``probe_interval`` records.
+The hash definition, what a probe replaces and why: docs/schemes.md#pkg.
 
 Example:
     >>> from operators.keys import KeyBatch

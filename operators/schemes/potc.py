@@ -1,25 +1,11 @@
 """Static power of two choices ("PoTC"), the PKG paper's baseline without key splitting.
 
-Nasir et al., ICDE 2015, §III-A and §V-B: "A naïve application of PoTC to key grouping requires
-the system to store a bit of information for each key seen, to keep track of which of the two
-choices needs to be used thereafter. This variant is referred to as *static* PoTC." A key's
-first record goes to the less loaded of its two candidates -- the same ``|h13| mod W`` and
-``|h17| mod W`` as PKG (:mod:`operators.schemes.pkg`), ties to the first -- and every later
-record of that key follows it there.
-
-Choices where the paper is silent (pkg.md §1.3, §9 items 2 and 4):
-
-* Loads are the true loads of all records routed so far, and the key -> worker table is one
-  table shared by all sources: the paper says PoTC needs "coordination overhead every time a
-  new key appears" and keeps it out of Storm for that reason. So the class sets
-  ``global_estimation = True``: the simulator routes the whole interleaved stream through one
-  object, which is exactly "coordinated sources". (A live deployment with several sources and
-  one object each would not coordinate, so a key could end up on one worker per source.)
-* Ties between the two candidates go to the first (h13), as in PKG.
-
-The per-key memory is :class:`KeyAssignments`, an open-addressing hash table in numpy arrays
-probed by compiled code, so that remembering and looking up keys costs a few nanoseconds per
-record. :mod:`operators.schemes.greedy` reuses it.
+Layer: operators. Nasir et al., "The Power of Both Choices", ICDE 2015, §III-A and §V-B: a
+key's first record goes to the less loaded of PKG's two candidates (ties to the first) and
+every later record of the key follows it there. Loads are the true loads and the key table is
+shared by all sources (``global_estimation = True``): the choices where the paper is silent
+are in docs/schemes.md#static-potc. The per-key memory is :class:`KeyAssignments`, a compiled
+open-addressing table that :mod:`operators.schemes.greedy` reuses.
 
 Example:
     >>> from operators.keys import KeyBatch
@@ -38,7 +24,7 @@ import numba
 import numpy as np
 
 from operators.base import Scheme
-from operators.keys import KeyBatch, abs_mod, mod_constants
+from operators.keys import KeyBatch, abs_mod, mod_constants, probe_slot
 from operators.schemes.hashing import FIRST_SEED, SECOND_SEED
 
 _EMPTY = -1  # slot_workers value of a free slot (workers are >= 0)
@@ -50,11 +36,7 @@ def _find_slot(slot_keys: np.ndarray, slot_workers: np.ndarray, key_id: np.int64
 
     Key ids are MurmurHash3 outputs, so their low bits are already uniform slot indices.
     """
-    mask = np.int64(slot_keys.shape[0] - 1)
-    slot = key_id & mask
-    while slot_workers[slot] != _EMPTY and slot_keys[slot] != key_id:
-        slot = (slot + 1) & mask
-    return slot
+    return probe_slot(slot_keys, slot_workers, _EMPTY, key_id, key_id & (slot_keys.shape[0] - 1))
 
 
 @numba.njit(cache=True)

@@ -1,27 +1,14 @@
 """Lossy counting (Manku & Motwani, VLDB 2002) and Gedik's sliding emulation of it.
 
-:class:`LossyCounter` finds the keys whose frequency exceeds a support ``s`` in one pass, with
-error at most ``epsilon``: the stream is cut into buckets of ``w = ceil(1/epsilon)`` records; an
-entry is ``(key, count, error)``; a key not in the table enters with ``count = 1`` and
-``error = b - 1`` (``b`` the current bucket, from 1); when bucket ``b`` closes, entries with
-``count + error <= b`` are evicted. For every key, ``count <= true count <= count + error`` and
-``true count - count <= epsilon * records``; :meth:`LossyCounter.frequent` returns every key of
-true frequency ``>= s`` (and possibly keys down to ``s - epsilon``), in ``O((1/epsilon) log(epsilon
-n))`` entries. Gedik (VLDBJ 2014, §4.1.2) tracks the keys of frequency ``>= delta`` with it.
-
-:class:`SlidingLossyCounter` is Gedik's "pragmatic" sliding window (§4.1.2, Fig. 2): ``x``
-lossy counters over tumbling windows. The paper gives only the bounds (with ``x = 3`` the counter
-in use covers between ``W`` and ``1.5 W`` records; ``(1 + 1/(x-1)) W`` in general). The staggering
-that yields exactly these bounds, and which we implement: a new counter starts every
-``W/(x-1)`` records and lives ``W + W/(x-1)`` records, so ``x`` are alive at a time; the counter
-in use is the oldest alive. During the first ``W`` records it has fewer than ``W`` (the paper's
-footnote 2).
-
-Both also tally a small integer *label* per record (e.g. the worker it was routed to) over the
-same records their counts cover, so a caller gets loads that match the frequencies.
-
-Updates are compiled (numba): an open-addressing table with linear probing, rebuilt at every
-bucket boundary; about ``O(1 + capacity / w)`` amortized work per record.
+Layer: operators. :class:`LossyCounter` finds the keys whose frequency exceeds a support ``s``
+in one pass, with error at most ``epsilon`` (buckets of ``w = ceil(1/epsilon)`` records; entries
+``(key, count, error)``, evicted when ``count + error <= b`` at the close of bucket ``b``).
+Gedik, "Partitioning Functions for Stateful Data Parallelism in Stream Processing" (VLDB
+Journal 2014), §4.1.2, tracks the keys of frequency ``>= delta`` with it.
+:class:`SlidingLossyCounter` is that paper's "pragmatic" sliding window (§4.1.2, Fig. 2): ``x``
+staggered lossy counters over tumbling windows; the staggering we chose is in
+docs/schemes.md#lossy-counting. Both also tally a small integer *label* per record (e.g. the
+worker it was routed to). Updates are compiled (an open-addressing table, linear probing).
 
 Example:
     >>> import numpy as np
@@ -41,6 +28,8 @@ import math
 import numba
 import numpy as np
 
+from operators.keys import probe_slot
+
 # Fibonacci hashing spreads even sequential ids over the table; the constant is 2^64 / phi as a
 # signed 64-bit integer (numba multiplies int64 with wrap-around).
 _GOLDEN = np.int64(-7046029254386353131)
@@ -55,6 +44,13 @@ def _log2(capacity: int) -> int:
     return bits
 
 
+@numba.njit(inline="always")
+def _slot_of(keys: np.ndarray, used: np.ndarray, key: np.int64, shift: int) -> np.int64:
+    """The slot holding ``key``, or the free slot where it goes: Fibonacci hashing (``shift`` is
+    64 - log2(capacity)), then linear probing."""
+    return probe_slot(keys, used, 0, key, ((key * _GOLDEN) >> shift) & (keys.shape[0] - 1))
+
+
 @numba.njit(cache=True)
 def _insert_fresh(
     keys: np.ndarray,
@@ -65,11 +61,7 @@ def _insert_fresh(
     count: np.int64,
     error: np.int64,
 ) -> None:
-    mask = keys.shape[0] - 1
-    shift = 64 - _log2(keys.shape[0])
-    slot = ((key * _GOLDEN) >> shift) & mask
-    while used[slot]:
-        slot = (slot + 1) & mask
+    slot = _slot_of(keys, used, key, 64 - _log2(keys.shape[0]))
     used[slot] = 1
     keys[slot] = key
     counts[slot] = count
@@ -115,7 +107,6 @@ def _count(
 
     Returns (next index, entries, records seen).
     """
-    mask = keys.shape[0] - 1
     shift = 64 - _log2(keys.shape[0])
     i = start
     n = ids.shape[0]
@@ -123,9 +114,7 @@ def _count(
         if size >= limit:
             break
         key = ids[i]
-        slot = ((key * _GOLDEN) >> shift) & mask
-        while used[slot] and keys[slot] != key:
-            slot = (slot + 1) & mask
+        slot = _slot_of(keys, used, key, shift)
         if used[slot]:
             counts[slot] += 1
         else:

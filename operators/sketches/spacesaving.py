@@ -1,25 +1,11 @@
 """SpaceSaving heavy hitters (Metwally, Agrawal, El Abbadi, ICDT 2005), compiled, with decay.
 
-A summary of ``capacity`` counters over a stream of 64-bit key ids (:meth:`KeyBatch.key_ids`).
-A tracked key's counter grows by the record's weight. An untracked key takes over the counter
-with the *smallest* count ``c_min``: its count becomes ``c_min + weight`` and its ``error``
-``c_min`` (the most it can have been over-counted). With ``m`` the total weight offered:
-
-* ``count - error <= true frequency <= count`` for every tracked key;
-* the smallest count is at most ``m / capacity``, so every key whose true frequency exceeds
-  ``m / capacity`` is tracked.
-
-FISH §4.1 (Alg. 1) adds *inter-epoch hotness decaying*: at every epoch end all counters are
-multiplied by a factor ``α``. Both guarantees survive it unchanged if "true frequency" and ``m``
-are read as the decayed sums ``Σ α^(epochs since record)``, because scaling every counter, error
-and the total by the same ``α`` keeps the inequalities and the counters' order (so the min-heap
-needs no repair). Counters are therefore ``float64`` (exact for integer weights below 2^53).
-
-The summary keeps a binary min-heap of slots ordered by count (O(log capacity) per update;
-among equal smallest counts the heap decides which key is evicted, deterministically) and an
-open-addressing index from key id to slot. The compiled helpers :func:`offer` and
-:func:`decay_counters` are what schemes (D-Choices, W-Choices, FISH) call inside their own
-per-record loops, with the fields of :class:`SummaryState` unpacked once before the loop;
+Layer: operators. ``capacity`` counters over 64-bit key ids; an untracked key takes over the
+smallest counter ``c_min`` (count ``c_min + weight``, error ``c_min``), so ``count - error <=
+true frequency <= count`` and every key above ``m / capacity`` is tracked. FISH ("Efficient
+Time-Evolving Stream Processing at Scale", §4.1, Alg. 1) multiplies all counters by ``α`` at
+every epoch end; why both guarantees survive: docs/schemes.md#spacesaving. The compiled
+helpers :func:`offer` and :func:`decay_counters` are what schemes call inside their own loops;
 :class:`SpaceSaving` wraps them for whole batches.
 
 Example:

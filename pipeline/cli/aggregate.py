@@ -46,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeline.cli.arguments import UsageError
     from pipeline.io import config, kafka_io
+    from pipeline.io.redis_client import connect_redis
     from pipeline.io.state_store import StateStore
     from pipeline.stages.aggregator import (
         AggregateOptions,
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     settings = config.load()
     names = kafka_io.RunNames(args.run_id, args.topic_prefix)
     kafka_io.require_kafka(settings.kafka_bootstrap)
-    client = kafka_io.connect_redis(settings.redis_url)
+    client = connect_redis(settings.redis_url)
     kafka_io.ensure_topic(
         settings.kafka_bootstrap, names.results_topic, 1, replication=settings.kafka_replication
     )

@@ -47,8 +47,10 @@ def add_command(
     subparsers: argparse._SubParsersAction, name: str, *, help: str, doc: str, paragraph: int = 0
 ) -> argparse.ArgumentParser:
     """The subcommand ``name``: ``help`` in ``skewer --help``, and paragraph ``paragraph`` of its
-    module docstring ``doc`` as the description of ``skewer NAME --help``."""
-    description = doc.split("\n\n")[paragraph].replace("``", "`")
+    module docstring ``doc`` as the description of ``skewer NAME --help`` (its "Layer:" line
+    not counted: that is for the code's reader)."""
+    paragraphs = [text for text in doc.split("\n\n") if not text.startswith("Layer:")]
+    description = paragraphs[paragraph].replace("``", "`")
     return subparsers.add_parser(name, help=help, description=description)
 
 
@@ -150,6 +152,55 @@ def parse_duration_ms(flag: str, text: str) -> int:
     return round(float(match.group(1)) * DURATION_UNITS_MS[match.group(2)])
 
 
+#: The flags of a user's own topic: (flag, environment variable of its default, default,
+#: metavar, help).
+INPUT_TOPIC_FLAGS = (
+    (
+        "--input-topic",
+        "SKEWER_INPUT_TOPIC",
+        "",
+        "TOPIC",
+        "read this topic as it is; one source per partition",
+    ),
+    (
+        "--key",
+        "SKEWER_KEY",
+        "kafka-key",
+        "SPEC",
+        "where the key is: kafka-key | json:FIELD | csv:N (default kafka-key)",
+    ),
+    (
+        "--time",
+        "SKEWER_TIME",
+        "kafka-timestamp",
+        "SPEC",
+        "where the event time is: kafka-timestamp | json:FIELD[:ms|s|iso] | "
+        "csv:N[:ms|s|iso] (default kafka-timestamp)",
+    ),
+    (
+        "--sum",
+        "SKEWER_SUM",
+        "",
+        "SPEC",
+        "also sum this number per (key, window): json:FIELD | csv:N (exact to 6 decimals)",
+    ),
+    (
+        "--max-out-of-order",
+        "SKEWER_MAX_OUT_OF_ORDER",
+        "5s",
+        "DURATION",
+        "the watermark is the highest event time seen minus this (default 5s)",
+    ),
+    (
+        "--idle-timeout",
+        "SKEWER_IDLE_TIMEOUT",
+        "10s",
+        "DURATION",
+        "a partition without records this long stops holding windows open (default 10s; 0 = never)",
+    ),
+)
+
+
 def add_input_topic_arguments(parser: argparse.ArgumentParser) -> None:
     """A user's own topic as the input (:mod:`pipeline.stages.user_topic`); each flag's
     default is an environment variable, so a compose file can set them."""
@@ -157,45 +208,9 @@ def add_input_topic_arguments(parser: argparse.ArgumentParser) -> None:
         "your own topic (instead of skewer's producers; defaults from SKEWER_INPUT_TOPIC, "
         "SKEWER_KEY, SKEWER_TIME, SKEWER_SUM, SKEWER_MAX_OUT_OF_ORDER, SKEWER_IDLE_TIMEOUT)"
     )
-    env = os.environ.get
-    group.add_argument(
-        "--input-topic",
-        default=env("SKEWER_INPUT_TOPIC") or None,
-        metavar="TOPIC",
-        help="read this topic as it is; one source per partition",
-    )
-    group.add_argument(
-        "--key",
-        default=env("SKEWER_KEY", "kafka-key"),
-        metavar="SPEC",
-        help="where the key is: kafka-key | json:FIELD | csv:N (default kafka-key)",
-    )
-    group.add_argument(
-        "--time",
-        default=env("SKEWER_TIME", "kafka-timestamp"),
-        metavar="SPEC",
-        help="where the event time is: kafka-timestamp | json:FIELD[:ms|s|iso] | "
-        "csv:N[:ms|s|iso] (default kafka-timestamp)",
-    )
-    group.add_argument(
-        "--sum",
-        default=env("SKEWER_SUM") or None,
-        metavar="SPEC",
-        help="also sum this number per (key, window): json:FIELD | csv:N (exact to 6 decimals)",
-    )
-    group.add_argument(
-        "--max-out-of-order",
-        default=env("SKEWER_MAX_OUT_OF_ORDER", "5s"),
-        metavar="DURATION",
-        help="the watermark is the highest event time seen minus this (default 5s)",
-    )
-    group.add_argument(
-        "--idle-timeout",
-        default=env("SKEWER_IDLE_TIMEOUT", "10s"),
-        metavar="DURATION",
-        help="a partition without records this long stops holding windows open (default "
-        "10s; 0 = never)",
-    )
+    for flag, variable, default, metavar, help in INPUT_TOPIC_FLAGS:
+        value = os.environ.get(variable, default)
+        group.add_argument(flag, default=value or default or None, metavar=metavar, help=help)
 
 
 def user_topic_from_args(

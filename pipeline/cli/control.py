@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from operators.base import SchemeError
     from operators.params import parse_params
     from pipeline.cli.arguments import UsageError, require_at_least
-    from pipeline.io import config, kafka_io
+    from pipeline.io import config
+    from pipeline.io.redis_client import connect_redis
     from pipeline.stages.controller import (
         Controller,
         ControllerError,
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"skewer control: {error}")
             return 0
         raise
-    client = kafka_io.connect_redis(settings.redis_url)
+    client = connect_redis(settings.redis_url)
     exporter = start_exporter("control", args.run_id, scheme, args.metrics_port)
     stop_on_sigterm()
     try:

@@ -16,7 +16,7 @@ prints one object instead. The run's topics, Redis keys and Spark checkpoint are
 the end unless ``--keep`` (never T itself). Exit 2 on bad arguments (unknown
 scheme, W < 1, ...), 1 when a service does not answer, a stage fails, or ``--verify`` fails.
 
-See pipeline/runs/orchestrator.py for how the stages run and what the figures mean.
+How the stages run: pipeline/runs/orchestrator.py; what the figures mean: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -38,9 +38,24 @@ from producers.workloads import DEFAULT_WORKLOAD
 
 if TYPE_CHECKING:
     from pipeline.io.config import Settings
+    from pipeline.runs.orchestrator import Pipeline
     from pipeline.runs.plan import RunPlan
+    from pipeline.runs.summary import RunSummary
 
 DEFAULT_SCHEME = "pkg"
+#: The flags that are :class:`~pipeline.runs.plan.RunPlan` fields of the same name.
+PLAN_FLAGS = (
+    "records",
+    "workers",
+    "sources",
+    "workload",
+    "rate",
+    "event_rate",
+    "cpu_cost_us",
+    "top_k",
+    "topic_prefix",
+    "control_interval",
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -132,6 +147,44 @@ class ProgressPrinter:
             self.stream.flush()
 
 
+def plan_from_args(args: argparse.Namespace, settings: Settings) -> RunPlan:
+    """The run the flags describe (:func:`pipeline.runs.plan.plan_run`); UsageError with one
+    line for a bad one."""
+    from pipeline.cli.arguments import UsageError, spark_master_from_args, user_topic_from_args
+    from pipeline.io import config
+    from pipeline.runs.plan import plan_run
+
+    scheme = config.resolve_scheme(args.scheme, DEFAULT_SCHEME)
+    spark_master = spark_master_from_args(args, settings.spark_master)
+    window_ms = round(args.window * 1000)
+    user_topic = user_topic_from_args(args, window_ms=window_ms, lateness_ms=0)
+    own_topic = {}
+    if user_topic is not None:
+        amount = user_topic.extractor.amount
+        own_topic = {
+            "input_topic": user_topic.topic,
+            "key": user_topic.extractor.key.text,
+            "time": user_topic.extractor.time.text,
+            "sum": amount.text if amount is not None else None,
+            "max_out_of_order_ms": user_topic.max_out_of_order_ms,
+            "idle_timeout_ms": user_topic.idle_timeout_ms,
+        }
+    same_names = {name: getattr(args, name) for name in PLAN_FLAGS}
+    try:
+        return plan_run(
+            settings,
+            run_id=args.run_id,
+            spark_master=spark_master,
+            scheme=scheme,
+            window_ms=window_ms,
+            params=tuple(args.param),
+            **same_names,
+            **own_topic,
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
 def _sized_to_topic(plan: RunPlan, settings: Settings) -> RunPlan:
     """The plan of a run on a user's topic: one source per partition, and as many records as
     the topic holds now (what the run reads). UsageError if there is no such topic or it is
@@ -153,48 +206,13 @@ def _say(line: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.cli.arguments import UsageError, spark_master_from_args, user_topic_from_args
     from pipeline.io import config, kafka_io
-    from pipeline.runs import orchestrator, report
-    from pipeline.runs.plan import RunPlan
+    from pipeline.runs import orchestrator, service_lease
 
     settings = config.load()
-    scheme = config.resolve_scheme(args.scheme, DEFAULT_SCHEME)
-    fields = {
-        "scheme": scheme,
-        "records": args.records,
-        "workers": args.workers,
-        "sources": args.sources,
-        "workload": args.workload,
-        "rate": args.rate,
-        "window_ms": round(args.window * 1000),
-        "cpu_cost_us": args.cpu_cost_us,
-        "top_k": args.top_k,
-        "topic_prefix": args.topic_prefix,
-        "control_interval": args.control_interval,
-        "params": tuple(args.param),
-        "spark_master": spark_master_from_args(args, settings.spark_master),
-    }
-    if args.event_rate is not None:
-        fields["event_rate"] = args.event_rate
-    if args.run_id:
-        fields["run_id"] = args.run_id
-    user_topic = user_topic_from_args(args, window_ms=fields["window_ms"], lateness_ms=0)
-    if user_topic is not None:
-        fields["input_topic"] = user_topic.topic
-        fields["key"] = user_topic.extractor.key.text
-        fields["time"] = user_topic.extractor.time.text
-        amount = user_topic.extractor.amount
-        fields["sum"] = amount.text if amount is not None else None
-        fields["max_out_of_order_ms"] = user_topic.max_out_of_order_ms
-        fields["idle_timeout_ms"] = user_topic.idle_timeout_ms
-    plan = RunPlan(**fields)
+    plan = plan_from_args(args, settings)
     try:
-        plan.validate()
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-    try:
-        lease = orchestrator.ensure_services(
+        lease = service_lease.ensure_services(
             settings, start=not args.no_start, keep=args.keep_services
         )
     except orchestrator.PipelineError as error:
@@ -208,40 +226,7 @@ def run(args: argparse.Namespace) -> int:
         kafka_io.require_replication(settings.kafka_bootstrap, settings.kafka_replication)
         if plan.input_topic is not None:
             plan = _sized_to_topic(plan, settings)
-    except (UsageError, kafka_io.KafkaIOError):
-        lease.release()
-        raise
-    quiet = args.quiet
-    if not quiet:
-        _say(
-            f"run {plan.run_id}: scheme {plan.scheme}, W={plan.workers} workers, "
-            f"S={plan.sources} sources, {plan.records:,} records of "
-            f"{plan.workload if plan.input_topic is None else plan.input_topic}, "
-            f"windows of {plan.window_ms / 1000:g} s, CPU cost {plan.cpu_cost_us:g} µs/record"
-        )
-    printer = ProgressPrinter(plan.records)
-    summary = None
-    report_png: str | None = None
-    try:
-        with orchestrator.Pipeline(plan, settings, log=None if quiet else _say) as pipeline:
-            try:
-                pipeline.prepare()
-                pipeline.start_all()
-                pipeline.wait(timeout=args.timeout, on_progress=None if quiet else printer)
-                summary = pipeline.summary()
-                report_png = report.report_for_demo(
-                    pipeline.store.client, plan.run_id, plan.scheme, settings.run_dir, _say
-                )
-            finally:
-                printer.done()
-                # Stop what still runs before deleting the run (a failure, Ctrl-C, a timeout);
-                # a failed run's logs stay for the error message to point at.
-                pipeline.stop()
-                if args.keep:
-                    topics = ", ".join(plan.topics)
-                    _say(f"kept: topics {topics}, Redis keys {plan.names.redis_prefix}*")
-                else:
-                    pipeline.cleanup(logs=summary is not None)
+        summary, report_png = _run(plan, settings, args)
     except orchestrator.StageFailedError as error:
         # A stage that refused its settings (exit 2: fewer Spark cores than tasks, say) is the
         # user's to fix, as if the demo had refused them itself.
@@ -256,22 +241,66 @@ def run(args: argparse.Namespace) -> int:
         raise
     finally:
         lease.release()
-
-    if args.json:
-        print(json.dumps({**summary.as_json(), "report_png": report_png}))
-    else:
-        stream = plan.workload if plan.input_topic is None else f"topic {plan.input_topic}"
-        print(
-            f"run {plan.run_id}: scheme {plan.scheme}, {plan.records:,} records of "
-            f"{stream}, W={plan.workers}, S={plan.sources}"
-        )
-        print("\n".join(summary.lines()))
-        print("\n".join(summary.verification.lines()))
-        if report_png:
-            print(f"report: {report_png}")
+    _print(plan, summary, report_png, json_out=args.json)
     if args.verify and not summary.exact:
         if args.json:
             for line in summary.verification.lines():
                 print(line, file=sys.stderr)
         return 1
     return 0
+
+
+def _run(
+    plan: RunPlan, settings: Settings, args: argparse.Namespace
+) -> tuple[RunSummary, str | None]:
+    """Run ``plan`` with progress on stderr (unless ``--quiet``); its summary and report."""
+    from pipeline.runs import orchestrator, report
+
+    quiet = args.quiet
+    if not quiet:
+        _say(
+            f"run {plan.run_id}: scheme {plan.scheme}, W={plan.workers} workers, "
+            f"S={plan.sources} sources, {plan.records:,} records of "
+            f"{plan.workload if plan.input_topic is None else plan.input_topic}, "
+            f"windows of {plan.window_ms / 1000:g} s, CPU cost {plan.cpu_cost_us:g} µs/record"
+        )
+    printer = ProgressPrinter(plan.records)
+    report_png: str | None = None
+
+    def draw_report(pipeline: Pipeline, _summary: RunSummary) -> None:
+        nonlocal report_png
+        report_png = report.report_for_demo(
+            pipeline.store.client, plan.run_id, plan.scheme, settings.run_dir, _say
+        )
+
+    try:
+        summary = orchestrator.run_pipeline(
+            plan,
+            settings,
+            timeout=args.timeout,
+            on_progress=None if quiet else printer,
+            keep=args.keep,
+            log=None if quiet else _say,
+            on_end=draw_report,
+        )
+    finally:
+        printer.done()
+        if args.keep:
+            _say(f"kept: topics {', '.join(plan.topics)}, Redis keys {plan.names.redis_prefix}*")
+    return summary, report_png
+
+
+def _print(plan: RunPlan, summary: RunSummary, report_png: str | None, *, json_out: bool) -> None:
+    """The run's summary on stdout: one JSON object, or lines per worker and overall."""
+    if json_out:
+        print(json.dumps({**summary.as_json(), "report_png": report_png}))
+        return
+    stream = plan.workload if plan.input_topic is None else f"topic {plan.input_topic}"
+    print(
+        f"run {plan.run_id}: scheme {plan.scheme}, {plan.records:,} records of "
+        f"{stream}, W={plan.workers}, S={plan.sources}"
+    )
+    print("\n".join(summary.lines()))
+    print("\n".join(summary.verification.lines()))
+    if report_png:
+        print(f"report: {report_png}")

@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeline.cli.arguments import UsageError, require_at_least
     from pipeline.io import config, kafka_io
-    from pipeline.io.redis_client import replicas_to_wait
+    from pipeline.io.redis_client import connect_redis, replicas_to_wait
     from producers.kafka_producer import produce_stream
     from producers.workloads import WorkloadError, parse
 
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     settings = config.load()
     names = kafka_io.RunNames(args.run_id, args.topic_prefix)
     kafka_io.require_kafka(settings.kafka_bootstrap)
-    redis_client = kafka_io.connect_redis(settings.redis_url)
+    redis_client = connect_redis(settings.redis_url)
     kafka_io.ensure_run_topics(
         settings.kafka_bootstrap,
         names,

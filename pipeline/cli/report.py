@@ -38,8 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.cli.arguments import UsageError
-    from pipeline.io import config, kafka_io
-    from pipeline.io.state_store import RunKeys
+    from pipeline.io import config
+    from pipeline.io.redis_client import connect_redis
+    from pipeline.io.redis_layout import RunKeys
     from pipeline.runs import report
 
     try:
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     settings = config.load()
     path = args.out or report.default_path(args.run_id, settings.run_dir)
-    client = kafka_io.connect_redis(settings.redis_url)
+    client = connect_redis(settings.redis_url)
     try:
         written, data = report.write_run_report(client, args.run_id, args.scheme, path)
     except report.ReportError as error:

@@ -86,14 +86,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = config.load()
-    if args.spark_workers and args.action != "up":
-        raise UsageError("--spark-workers is an option of `up`")
-    if args.kafka_brokers > 1 and args.action != "up":
-        raise UsageError("--kafka-brokers is an option of `up`")
-    if args.redis_sentinel and args.action != "up":
-        raise UsageError("--redis-sentinel is an option of `up`")
-    if args.docker and args.action not in ("up", "install"):
-        raise UsageError("--docker is an option of `up` and `install`")
+    for flag, given, actions in (
+        ("--spark-workers", args.spark_workers, ("up",)),
+        ("--kafka-brokers", args.kafka_brokers > 1, ("up",)),
+        ("--redis-sentinel", args.redis_sentinel, ("up",)),
+        ("--docker", args.docker, ("up", "install")),
+    ):
+        if given and args.action not in actions:
+            raise UsageError(f"{flag} is an option of {' and '.join(f'`{a}`' for a in actions)}")
     require_at_least(0, ("--spark-workers", args.spark_workers))
     require_at_least(1, ("--spark-worker-cores", args.spark_worker_cores))
     try:

@@ -39,10 +39,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeline.cli.arguments import UsageError
     from pipeline.io import config, kafka_io
+    from pipeline.io.redis_client import connect_redis
     from pipeline.io.state_store import StateStore
 
     settings = config.load()
-    client = kafka_io.connect_redis(settings.redis_url)
+    client = connect_redis(settings.redis_url)
     store = StateStore(client, args.run_id)
     if not store.final_windows() and not store.any_applied(1):
         raise UsageError(f"run {args.run_id!r} has no results in Redis")

@@ -81,9 +81,10 @@ def _sources(bootstrap: str, redis_url: str, names: RunNames) -> int:
     stage recorded (``--input-topic``) or else ``keys`` (waited for a while)."""
     from pipeline.cli.arguments import UsageError
     from pipeline.io import kafka_io
+    from pipeline.io.redis_client import connect_redis
     from pipeline.stages.user_topic import recorded
 
-    client = kafka_io.connect_redis(redis_url)
+    client = connect_redis(redis_url)
     try:
         found = recorded(client, names.run_id)
     finally:
@@ -100,6 +101,7 @@ def _sources(bootstrap: str, redis_url: str, names: RunNames) -> int:
 def run(args: argparse.Namespace) -> int:
     from pipeline.cli.arguments import UsageError
     from pipeline.io import config, kafka_io
+    from pipeline.io.redis_client import connect_redis
     from pipeline.stages import worker_job
 
     settings = config.load()
@@ -129,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     if args.sources is not None and args.sources < 1:
         raise UsageError(f"--sources must be >= 1, got {args.sources}")
     kafka_io.require_kafka(settings.kafka_bootstrap)
-    kafka_io.connect_redis(settings.redis_url).close()
+    connect_redis(settings.redis_url).close()
     kafka_io.ensure_topic(
         settings.kafka_bootstrap,
         names.work_topic,

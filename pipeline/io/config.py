@@ -69,8 +69,8 @@ REDIS_SENTINEL_NODES = 3
 #: Pid files, logs and data of running services; a second set of services (a test of the
 #: service manager itself) runs beside the first by pointing this elsewhere with other ports.
 ENV_RUN_DIR = "SKEWER_RUN_DIR"
-#: The environment variable that names the grouping scheme (DESIGN.md: "one environment
-#: variable"); every stage's ``--scheme`` falls back to it.
+#: The one environment variable that names the grouping scheme; every stage's ``--scheme``
+#: falls back to it.
 SCHEME_VARIABLE = "GROUPING_SCHEME"
 #: "docker", "native" or "auto" (the default): which services the test fixtures use.
 ENV_TEST_BACKEND = "SKEWER_TEST_BACKEND"

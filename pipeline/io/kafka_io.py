@@ -1,37 +1,22 @@
-"""Kafka and Redis plumbing of the live pipeline: names of a run, topics, client configurations.
+"""Kafka plumbing of the live pipeline: names of a run, its topics, client configurations.
 
 Layer: io.
 
-One *run* (``--run-id``, default ``"default"``) owns five topics -- ``keys`` (unless it reads a
-user's topic), ``work``, ``dead-letters``, ``late`` and ``results`` -- named with an optional
-prefix (``--topic-prefix``, default ``""``: DESIGN.md's names) so runs and tests sit side by
-side, and every Redis key under ``skewer:{run_id}:``. :class:`RunNames` spells them all in one
-place.
-
-Client configurations come from builders here so every stage (and the benchmark's passthrough)
-uses the same settings, and each carries the security settings of the process's environment
-(:mod:`pipeline.io.kafka_security`: SASL and TLS for a cluster of the user's own):
-
-- :func:`producer_config` -- idempotent (no duplicates, per-partition order kept across
-  retries); partitions are always passed explicitly, because partition w of ``work`` is
-  worker w (confluent-kafka's default partitioner is CRC32-based, not Java's murmur2).
-- :func:`transactional_producer_config` -- a ``transactional.id`` per source: the grouping
-  stage's exactly-once hop from ``keys`` to ``work``.
-- :func:`consumer_config` -- manual assignment, no auto-commit, ``read_committed``, so aborted
-  transactions of a crashed stage are never read downstream.
-- :func:`pipeline.io.kafka_security.admin_config` -- topics, metadata; quiet while a broker
-  boots.
-
-Topics are created explicitly with their partition count (auto-creation is off on the native
-broker); :func:`ensure_topic` is idempotent and fails with one line when an existing topic has
-another partition count, since that count is part of the routing.
+One *run* (``--run-id``) owns the topics ``keys`` (unless it reads a user's topic), ``work``,
+``dead-letters``, ``late`` and ``results``, named with an optional ``--topic-prefix`` so runs
+and tests sit side by side; :class:`RunNames` spells them (its Redis keys:
+:mod:`pipeline.io.redis_layout`). Every stage builds its clients here, with the environment's
+security settings (:mod:`pipeline.io.kafka_security`): an idempotent producer, a
+transactional one per grouping source, ``read_committed`` consumers with manual assignment.
+Topics are created with their partition count, which is part of the routing. Why each
+setting: docs/design.md#kafka-pitfalls.
 
 Example:
     >>> names = RunNames(run_id="r1", topic_prefix="t-")
     >>> names.keys_topic, names.work_topic, names.dead_letters_topic, names.late_topic
     ('t-keys', 't-work', 't-dead-letters', 't-late')
-    >>> names.redis_key("truth", 10000)
-    'skewer:r1:truth:10000'
+    >>> names.redis_prefix
+    'skewer:r1:'
     >>> transactional_producer_config("h:1", "skewer.r1.t-group.0")["transactional.id"]
     'skewer.r1.t-group.0'
     >>> consumer_config("h:1", "g")["isolation.level"]
@@ -44,27 +29,18 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pipeline.io import kafka_security, probes, records, redis_client
-from pipeline.io.config import ENV_KAFKA_REPLICATION, ENV_REDIS_URL, redacted_url
-
-if TYPE_CHECKING:
-    import redis
+from pipeline.io import kafka_security, probes, records
+from pipeline.io.config import ENV_KAFKA_REPLICATION
+from pipeline.io.errors import KafkaIOError, ServiceUnavailableError
+from pipeline.io.redis_layout import run_prefix
 
 #: ``max.message.bytes`` of the ``keys`` and ``dead-letters`` topics (and the producers'
 #: ``message.max.bytes``): room for a key somewhat over :data:`records.MAX_KEY_BYTES`, so an
 #: oversized key reaches the grouping stage and is dead-lettered with its reason (and kept,
 #: whole, as the dead letter's key) instead of being refused by the broker with a generic error.
 LARGE_MESSAGE_BYTES = 4 * records.MAX_KEY_BYTES
-
-
-class KafkaIOError(Exception):
-    """A topic or service is not as the run needs it; the message is one line for the user."""
-
-
-class ServiceUnavailableError(KafkaIOError):
-    """Kafka or Redis does not answer (the command exits 1)."""
 
 
 @dataclass(frozen=True)
@@ -97,11 +73,8 @@ class RunNames:
 
     @property
     def redis_prefix(self) -> str:
-        return f"skewer:{self.run_id}:"
-
-    def redis_key(self, *parts: object) -> str:
-        """``skewer:{run_id}:part:part...``"""
-        return self.redis_prefix + ":".join(str(part) for part in parts)
+        """The prefix of the run's Redis keys (:mod:`pipeline.io.redis_layout`)."""
+        return run_prefix(self.run_id)
 
     def transactional_id(self, source: int) -> str:
         """One per grouping source: a restarted source fences its predecessor by this id."""
@@ -184,9 +157,9 @@ def require_kafka(bootstrap: str, timeout: float = 5.0) -> None:
     refusal = probes.kafka_refusal(bootstrap, timeout=timeout)
     if refusal is None:
         return
-    protocol = kafka_security.from_environ().protocol
-    if protocol != "PLAINTEXT":
-        refusal = f"over {protocol}: {refusal}"
+    security = kafka_security.from_environ()
+    if not security.plaintext:
+        refusal = f"over {security.protocol}: {refusal}"
     elif refusal == probes.CONNECTION_REFUSED:
         refusal = "(start it: skewer services up)"
     else:  # something takes connections, but does not answer as a plaintext broker
@@ -195,89 +168,6 @@ def require_kafka(bootstrap: str, timeout: float = 5.0) -> None:
             f"{kafka_security.ENV_SECURITY_PROTOCOL}"
         )
     raise ServiceUnavailableError(f"kafka does not answer at {bootstrap} {refusal}")
-
-
-#: A stage's Redis client retries a command this often, backing off up to 1 s: ~25 s in all,
-#: long enough for a killed Redis to restart and reload its append-only file.
-REDIS_RETRIES = 30
-
-
-def retry_through_restarts(client: redis.Redis) -> redis.Redis:
-    """``client``, retrying a command that met a lost connection, a timeout or a Redis still
-    loading its data, instead of failing the stage.
-
-    A retried command may run twice when Redis executed it but the reply was lost; the
-    commands exactness rests on are guarded Lua scripts (the worker's apply per batch id, the
-    aggregator's finalize, a migration step), so only a counter of the metrics may count one
-    batch twice.
-    """
-    import socket
-
-    from redis.backoff import ExponentialBackoff
-    from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
-    from redis.retry import Retry
-
-    errors = (ConnectionError, TimeoutError, socket.timeout, BusyLoadingError)
-    client.set_retry(Retry(ExponentialBackoff(cap=1.0, base=0.05), REDIS_RETRIES, errors))
-    return client
-
-
-def connect_redis(url: str, timeout: float = 5.0) -> redis.Redis:
-    """A Redis client of ``url`` (also ``redis+sentinel://``: :mod:`pipeline.io.redis_client`)
-    that answered PING (:class:`ServiceUnavailableError` otherwise, at once) and from then on
-    rides out a Redis restart or a Sentinel failover (:func:`retry_through_restarts`).
-
-    A malformed URL, and sentinels that answer but name no primary for the service (a wrong
-    service name), are settings to fix: :class:`KafkaIOError`, exit 2, one line.
-    """
-    import redis as redis_module
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    try:
-        sentinel = redis_client.sentinel_address(url)
-        client = redis_client.client_from_url(
-            url,
-            sentinel_timeout=timeout,
-            socket_timeout=30.0,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
-    except ValueError as error:
-        raise KafkaIOError(f"{ENV_REDIS_URL}: {error}") from None
-    try:
-        client.ping()
-    except redis_module.AuthenticationError as error:
-        client.close()
-        raise ServiceUnavailableError(
-            f"redis at {redacted_url(url)} refused the credentials: {error}"
-        ) from None
-    except redis_module.RedisError as error:
-        client.close()
-        if sentinel is not None:
-            _explain_sentinel_failure(url, timeout)
-        if url.startswith("rediss://"):  # over TLS: the reason (a certificate not trusted ...)
-            reason = " ".join(str(error).split())
-            raise ServiceUnavailableError(
-                f"redis does not answer at {redacted_url(url)} over TLS: {reason}"
-            ) from None
-        raise ServiceUnavailableError(
-            f"redis does not answer at {redacted_url(url)} (start it: skewer services up)"
-        ) from None
-    return retry_through_restarts(client)
-
-
-def _explain_sentinel_failure(url: str, timeout: float) -> None:
-    """Raise the one-line reason a Sentinel URL gave no primary: no sentinel answers
-    (:class:`ServiceUnavailableError`) or none names a primary (:class:`KafkaIOError`)."""
-    try:
-        redis_client.require_primary(url, timeout)
-    except redis_client.NoSentinelAnswersError as error:
-        raise ServiceUnavailableError(
-            f"{error} (start them: skewer services up --redis-sentinel)"
-        ) from None
-    except redis_client.NoPrimaryError as error:
-        raise KafkaIOError(str(error)) from None
 
 
 #: What a group coordinator answers while it is elected or loads its offsets, e.g. on a fresh

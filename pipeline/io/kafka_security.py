@@ -1,27 +1,14 @@
-"""How skewer's Kafka clients authenticate and encrypt: SASL (PLAIN, SCRAM) and TLS, for a
-cluster of the user's own. (layer: io)
+"""How skewer's Kafka clients authenticate and encrypt: SASL (PLAIN, SCRAM) and TLS.
 
-Five environment variables, read by every Kafka client skewer makes when it makes it: the
-stages' producers, consumers and admin clients (librdkafka, through confluent-kafka) and Spark's
-Kafka source in the worker job and the recount (the Java client):
+Layer: io.
 
-- ``SKEWER_KAFKA_SECURITY_PROTOCOL``: ``PLAINTEXT`` (the default), ``SSL``, ``SASL_PLAINTEXT``
-  or ``SASL_SSL``;
-- ``SKEWER_KAFKA_SASL_MECHANISM``: ``PLAIN``, ``SCRAM-SHA-256`` or ``SCRAM-SHA-512``;
-- ``SKEWER_KAFKA_SASL_USERNAME`` and ``SKEWER_KAFKA_SASL_PASSWORD``: the SASL login;
-- ``SKEWER_KAFKA_SSL_CA_LOCATION``: a PEM file of the CAs to trust (else the system's); on a
-  Spark cluster the executors read it at the same path.
-
-The two clients spell the same settings differently, so :class:`KafkaSecurity` writes each
-client's own: librdkafka takes ``sasl.username``/``sasl.password`` and ``ssl.ca.location``; the
-Java client takes a JAAS line (``sasl.jaas.config``: the mechanism's login module, the user and
-password quoted as Kafka's JAAS parser reads them) and a PEM trust store. Both check the
-broker's host name against its certificate (their default).
-
-Settings that cannot work are refused with one line naming the variable: an unknown protocol
-or mechanism, a SASL protocol without its mechanism, user or password, a login or CA file given
-to a protocol that would not use it (a forgotten ``SASL_``), a CA file that is not there.
-GSSAPI (Kerberos) and OAUTHBEARER need more than a user and a password and are not offered.
+Five variables, read by every Kafka client skewer makes (librdkafka's through confluent-kafka,
+and the Java client of Spark's Kafka source): ``SKEWER_KAFKA_SECURITY_PROTOCOL`` (``PLAINTEXT``,
+the default, ``SSL``, ``SASL_PLAINTEXT`` or ``SASL_SSL``), ``SKEWER_KAFKA_SASL_MECHANISM``
+(``PLAIN``, ``SCRAM-SHA-256`` or ``SCRAM-SHA-512``), ``SKEWER_KAFKA_SASL_USERNAME``,
+``SKEWER_KAFKA_SASL_PASSWORD`` and ``SKEWER_KAFKA_SSL_CA_LOCATION`` (a PEM file of the CAs to
+trust). Settings that cannot work are refused with one line naming the variable
+(:func:`from_environ`). How to use them: docs/security.md.
 
 Example:
     >>> security = from_environ({
@@ -30,18 +17,12 @@ Example:
     ...     "SKEWER_KAFKA_SASL_USERNAME": "skewer",
     ...     "SKEWER_KAFKA_SASL_PASSWORD": 'pa"ss',
     ... })
-    >>> security.protocol, security.sasl_mechanism, 'pa"ss' in repr(security)
-    ('SASL_PLAINTEXT', 'SCRAM-SHA-512', False)
+    >>> security.protocol, security.plaintext, 'pa"ss' in repr(security)
+    ('SASL_PLAINTEXT', False, False)
     >>> sorted(security.client_config())
     ['sasl.mechanism', 'sasl.password', 'sasl.username', 'security.protocol']
-    >>> print(security.spark_options()["kafka.sasl.jaas.config"].partition(" required ")[2])
-    username="skewer" password="pa\\"ss";
-    >>> from_environ({}).client_config(), from_environ({}).spark_options()
-    ({}, {})
-    >>> from_environ({"SKEWER_KAFKA_SASL_USERNAME": "skewer"})  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: SKEWER_KAFKA_SASL_USERNAME is set, but ...=PLAINTEXT sends no credentials ...
+    >>> from_environ({}).plaintext, from_environ({}).client_config()
+    (True, {})
 """
 
 from __future__ import annotations
@@ -69,13 +50,25 @@ LOGIN_MODULES = {
 
 @dataclass(frozen=True)
 class KafkaSecurity:
-    """The security settings of skewer's Kafka clients; the default is plaintext, no SASL."""
+    """The security settings of skewer's Kafka clients; the default is plaintext, no SASL.
+
+    The two clients spell the same settings differently, so this writes each client's own:
+    librdkafka takes ``sasl.username``/``sasl.password`` and ``ssl.ca.location``; the Java
+    client takes a JAAS line (``sasl.jaas.config``: the mechanism's login module, the user and
+    password quoted as Kafka's JAAS parser reads them) and a PEM trust store. Both check the
+    broker's host name against its certificate (their default).
+    """
 
     protocol: str = "PLAINTEXT"
     sasl_mechanism: str = ""
     sasl_username: str = ""
     sasl_password: str = field(default="", repr=False)
     ssl_ca_location: str = ""
+
+    @property
+    def plaintext(self) -> bool:
+        """No TLS and no login: what skewer's own broker speaks."""
+        return self.protocol == "PLAINTEXT"
 
     @property
     def uses_sasl(self) -> bool:
@@ -88,7 +81,7 @@ class KafkaSecurity:
     def client_config(self) -> dict[str, str]:
         """librdkafka's properties (confluent-kafka's producers, consumers, admin clients);
         empty for plaintext, so a plaintext client's configuration is what it always was."""
-        if self.protocol == "PLAINTEXT":
+        if self.plaintext:
             return {}
         config = {"security.protocol": self.protocol}
         if self.uses_sasl:
@@ -102,7 +95,7 @@ class KafkaSecurity:
     def spark_options(self) -> dict[str, str]:
         """The Java client's properties as options of Spark's Kafka source (``kafka.``-prefixed;
         the source redacts ``sasl.jaas.config`` when it logs its settings)."""
-        if self.protocol == "PLAINTEXT":
+        if self.plaintext:
             return {}
         options = {"kafka.security.protocol": self.protocol}
         if self.uses_sasl:
@@ -135,8 +128,19 @@ def _jaas_quoted(value: str) -> str:
 
 
 def from_environ(environ: Mapping[str, str] | None = None) -> KafkaSecurity:
-    """The settings in force; a ValueError with one line naming the variable when they cannot
-    work (module docstring)."""
+    """The settings in force (``environ``: default this process's environment).
+
+    A ValueError with one line naming the variable for settings that cannot work: an unknown
+    protocol or mechanism, a SASL protocol without its mechanism, user or password, a login or
+    CA file given to a protocol that would not use it (a forgotten ``SASL_``), a CA file that is
+    not there. GSSAPI (Kerberos) and OAUTHBEARER need more than a user and a password and are
+    not offered. On a Spark cluster the executors read the CA file at the same path.
+
+    >>> from_environ({"SKEWER_KAFKA_SASL_USERNAME": "skewer"})  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: SKEWER_KAFKA_SASL_USERNAME is set, but ...=PLAINTEXT sends no credentials ...
+    """
     env = os.environ if environ is None else environ
     protocol = env.get(ENV_SECURITY_PROTOCOL, "").strip().upper() or "PLAINTEXT"
     mechanism = env.get(ENV_SASL_MECHANISM, "").strip().upper()

@@ -2,43 +2,25 @@
 
 Layer: io.
 
-Fixed-size binary values let every stage decode and validate a whole batch at once with
-``np.frombuffer`` (no per-record parsing in Python), and make "does not decode" a precise
-notion: wrong length, wrong magic, unknown version or kind.
-
-Topic ``keys`` (producers -> grouping stage). Kafka key = the record's key bytes;
-value = :data:`INPUT_DTYPE` (24 bytes); ``kind`` is DATA, or WATERMARK for a producer's own
-watermark (its last record is a WATERMARK at END_OF_STREAM, with an empty key)::
+Topic ``keys`` (producers -> grouping stage): Kafka key = the record's key, value =
+:data:`INPUT_DTYPE` (24 bytes; ``kind`` DATA, or WATERMARK for a producer's own watermark)::
 
     magic "SK" | version u8 = 1 | kind u8 | event_time_ms i64 | producer u32 | seq u64
 
-Topic ``work`` (grouping stage -> workers; partition w is worker w). Kafka key = key bytes
-(empty for markers); value = :data:`WORK_DTYPE` (36 bytes): the input fields plus the source
-that routed it and the routing-table version it was routed under. ``kind`` says what it is:
-
-* ``DATA`` -- a keyed record to count.
-* ``WATERMARK`` -- sent by source ``source`` to every partition: every DATA record of that
-  source with ``event_time_ms <= time_ms`` is already in this partition before the marker
-  (sources see each producer's records in order, and one transactional producer writes each
-  partition in order). A worker's watermark is the minimum over sources; ``END_OF_STREAM``
-  (= ``2**63 - 1``) closes every window.
-* ``TABLE_SWITCH`` -- (routing-table schemes) source ``source`` routes everything after this
-  marker under ``version``.
-
-A DATA value of a run on a user's own topic (``skewer group --input-topic``) is the same 36-byte
-header -- event time extracted from the record, ``producer`` = the input partition, ``seq`` =
-its offset -- followed by the user's value, byte for byte: a wrapper that keeps the original
-whole, so a reader of ``work`` gets it back with ``value[WORK_DTYPE.itemsize:]``.
+Topic ``work`` (grouping stage -> workers; partition w is worker w): value =
+:data:`WORK_DTYPE` (36 bytes), the input fields plus the routing source and routing-table
+version; ``kind`` is DATA, WATERMARK or TABLE_SWITCH (markers have an empty key). A record of a
+user's own topic is the same header followed by the user's value, byte for byte. Fixed sizes
+let every stage decode a whole batch with ``np.frombuffer``. Design:
+docs/design.md#records-and-topics.
 
 Example:
     >>> import numpy as np
     >>> value = encode_input(event_time_ms=np.array([1000]), producer=np.array([2]),
     ...                      seq=np.array([7]))[0]
-    >>> len(value)
-    24
     >>> decoded, ok = decode_input([value, b"junk"])
-    >>> ok.tolist(), int(decoded["seq"][0]), int(decoded["event_time_ms"][0])
-    ([True, False], 7, 1000)
+    >>> len(value), ok.tolist(), int(decoded["seq"][0]), int(decoded["event_time_ms"][0])
+    (24, [True, False], 7, 1000)
 """
 
 from __future__ import annotations

@@ -1,24 +1,15 @@
-"""The one way skewer builds a Redis client from a URL, Redis Sentinel included. (layer: io)
+"""The one way skewer builds a Redis client from a URL, Redis Sentinel included.
 
-``SKEWER_REDIS_URL`` takes what redis-py's ``Redis.from_url`` takes (``redis://``,
-``rediss://``, ``unix://``) and one more scheme, for a primary that Sentinel fails over::
+Layer: io.
 
-    redis+sentinel://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]
-
-HOST:PORT are the sentinels (any one that answers will do), SERVICE the name they monitor the
-primary by (``sentinel monitor SERVICE ...``; the native set's is ``skewer``), DB the database
-(0). USER and PASSWORD are the primary's and replicas' (``requirepass``/ACL), as in
-``redis://``; the sentinels themselves are asked without credentials. The client is redis-py's
-own ``Sentinel(...).master_for(SERVICE)``: each new connection asks the sentinels where the
-primary is now, and a connection to a primary that died or was demoted fails, so the stages'
-retries (:func:`pipeline.io.kafka_io.retry_through_restarts`) reach the promoted replica. No
-failover logic of skewer's own; one fix of redis-py's: its connection reconnects a dropped
-connection to the address it had, the dead primary, without asking the sentinels
-(redis/redis-py#3874, open in 8.1), so each connect asks them here.
-
-With Sentinel there are replicas, and a write acknowledged by the primary alone is lost if
-the primary dies before it replicated: :func:`replicas_to_wait` says how many replicas a
-state write waits for (``WAIT``), 0 for a plain URL (nothing changes there).
+``SKEWER_REDIS_URL`` takes what redis-py's ``Redis.from_url`` takes, and
+``redis+sentinel://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]`` for a primary that
+Sentinel fails over (HOST:PORT the sentinels, SERVICE the name they monitor it by). The client
+is redis-py's ``Sentinel(...).master_for(SERVICE)``, with one fix (each connect asks the
+sentinels: redis/redis-py#3874). :func:`connect_redis` is every stage's client: it answered
+PING and rides out a Redis restart or a failover (:func:`retry_through_restarts`); behind
+Sentinel a state write waits for a replica (:func:`replicas_to_wait`). Why:
+docs/design.md#redis-pitfalls.
 
 Example:
     >>> sentinel_address("redis+sentinel://:pw@127.0.0.1:36379,127.0.0.1:36380/skewer/2")
@@ -36,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from pipeline.io.config import host_ports, redacted_url
+from pipeline.io.config import ENV_REDIS_URL, host_ports, redacted_url
+from pipeline.io.errors import KafkaIOError, ServiceUnavailableError
 
 if TYPE_CHECKING:
     import redis
@@ -201,3 +193,86 @@ def require_primary(url: str, timeout: float = 5.0) -> tuple[str, int]:
         return str(host), int(port)
     finally:
         manager.close()
+
+
+#: A stage's Redis client retries a command this often, backing off up to 1 s: ~25 s in all,
+#: long enough for a killed Redis to restart and reload its append-only file.
+REDIS_RETRIES = 30
+
+
+def retry_through_restarts(client: redis.Redis) -> redis.Redis:
+    """``client``, retrying a command that met a lost connection, a timeout or a Redis still
+    loading its data, instead of failing the stage.
+
+    A retried command may run twice when Redis executed it but the reply was lost; the
+    commands exactness rests on are guarded Lua scripts (the worker's apply per batch id, the
+    aggregator's finalize, a migration step), so only a counter of the metrics may count one
+    batch twice.
+    """
+    import socket
+
+    from redis.backoff import ExponentialBackoff
+    from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
+    from redis.retry import Retry
+
+    errors = (ConnectionError, TimeoutError, socket.timeout, BusyLoadingError)
+    client.set_retry(Retry(ExponentialBackoff(cap=1.0, base=0.05), REDIS_RETRIES, errors))
+    return client
+
+
+def connect_redis(url: str, timeout: float = 5.0) -> redis.Redis:
+    """A Redis client of ``url`` (also ``redis+sentinel://``)
+    that answered PING (:class:`ServiceUnavailableError` otherwise, at once) and from then on
+    rides out a Redis restart or a Sentinel failover (:func:`retry_through_restarts`).
+
+    A malformed URL, and sentinels that answer but name no primary for the service (a wrong
+    service name), are settings to fix: :class:`KafkaIOError`, exit 2, one line.
+    """
+    import redis as redis_module
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    try:
+        sentinel = sentinel_address(url)
+        client = client_from_url(
+            url,
+            sentinel_timeout=timeout,
+            socket_timeout=30.0,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
+    except ValueError as error:
+        raise KafkaIOError(f"{ENV_REDIS_URL}: {error}") from None
+    try:
+        client.ping()
+    except redis_module.AuthenticationError as error:
+        client.close()
+        raise ServiceUnavailableError(
+            f"redis at {redacted_url(url)} refused the credentials: {error}"
+        ) from None
+    except redis_module.RedisError as error:
+        client.close()
+        if sentinel is not None:
+            _explain_sentinel_failure(url, timeout)
+        if url.startswith("rediss://"):  # over TLS: the reason (a certificate not trusted ...)
+            reason = " ".join(str(error).split())
+            raise ServiceUnavailableError(
+                f"redis does not answer at {redacted_url(url)} over TLS: {reason}"
+            ) from None
+        raise ServiceUnavailableError(
+            f"redis does not answer at {redacted_url(url)} (start it: skewer services up)"
+        ) from None
+    return retry_through_restarts(client)
+
+
+def _explain_sentinel_failure(url: str, timeout: float) -> None:
+    """Raise the one-line reason a Sentinel URL gave no primary: no sentinel answers
+    (:class:`ServiceUnavailableError`) or none names a primary (:class:`KafkaIOError`)."""
+    try:
+        require_primary(url, timeout)
+    except NoSentinelAnswersError as error:
+        raise ServiceUnavailableError(
+            f"{error} (start them: skewer services up --redis-sentinel)"
+        ) from None
+    except NoPrimaryError as error:
+        raise KafkaIOError(str(error)) from None

@@ -9,7 +9,7 @@ a session starts, so it works offline after the first install.
 
 The Kafka source makes one input partition per topic partition (as long as ``minPartitions`` is
 not set), so each Spark task reads exactly one partition of topic ``work``: partition w IS
-worker w (DESIGN.md, "Known pitfalls").
+worker w (docs/design.md#spark-pitfalls).
 
 The master is any Spark takes (``local[...]``, ``spark://``, ``k8s://``, ``yarn``). On a
 cluster the driver stays in the ``skewer`` process (PySpark has no cluster deploy mode on

@@ -1,61 +1,19 @@
-"""Window state of the live pipeline in Redis: per-worker partial counts, watermarks, results.
+"""Window state of the live pipeline in Redis: the workers' apply, the aggregator's close and
+finalize, and the reads of verification and the metrics.
 
 Layer: io.
 
-Every key of a run starts with ``skewer:{run_id}:`` (:class:`RunKeys` names them all), so runs
-and tests live side by side in one Redis. The workers (:mod:`pipeline.stages.worker_job`) write, the
-aggregator (:mod:`pipeline.stages.aggregator`) merges and frees, verification reads.
+The workers (:mod:`pipeline.stages.worker_job`) apply each micro-batch with one Lua script,
+idempotent per (worker, batch id); the aggregator (:mod:`pipeline.stages.aggregator`) closes a
+window in one MULTI and finalizes it with one script guarded by ``windows:final``. Counts and
+sums only go through ``HINCRBY`` (int64), never through a Lua number. Why these steps keep the
+counts exact: docs/design.md#applying-a-micro-batch and docs/design.md#closing-a-window; the
+keys and scripts: :mod:`pipeline.io.redis_layout` and docs/design.md#redis-layout.
 
-The keys (after the prefix): ``truth:{window}``, ``producer:{p}:sent`` and the markers
-``added:{id}:...`` of their additions (the producers', :func:`add_once`);
-``state:{worker}:{window}`` hash key -> partial count, and ``sum:{worker}:{window}`` key ->
-partial sum of the records' amounts (runs with ``--sum`` only: int64 millionths,
-:data:`pipeline.io.extractors.AMOUNT_DIGITS`); ``applied:{worker}`` last applied batch id;
-``wm:{worker}`` the worker's watermark and ``wm:{worker}:sources`` hash source -> latest
-watermark; ``windows:open`` (windows with partial state), ``windows:closed`` (frozen by the
-aggregator), ``windows:final``, ``windows:published``; ``result:{window}`` hash key -> final
-count, ``resultsum:{window}`` key -> final sum, and ``topk:{window}`` (JSON ``[[key, count],
-...]``); ``config`` (window_ms, workers); ``stats:records|rejected|late|batches`` hashes worker
--> count, ``stats:latency:{worker}`` hash bucket -> records, ``stats:windows`` (aggregator
-totals: windows, records, state_entries, distinct_keys).
-
-Two atomic steps carry the pipeline's exactness (DESIGN.md invariant 1):
-
-``apply`` -- one Lua script per (worker, micro-batch): adds the batch's counts (and sums) per
-(window, key) to ``state:{worker}:{window}`` (and ``sum:{worker}:{window}``), raises the
-worker's per-source watermarks and ``wm:{worker}``, bumps the worker's counters, and sets
-``applied:{worker}`` to the batch id -- or does nothing if ``applied:{worker}`` is already at
-or past that id. Why (worker, batch id) is a sufficient idempotence key: Spark writes a
-micro-batch's offset range per Kafka partition to its offset log *before* running it, and a
-restarted query re-runs the last logged batch with exactly the same ranges and the same id;
-batch ids grow by one per batch. Partition w of ``work`` is worker w and one task reads all of
-it for the batch, so (worker, batch id) names one fixed set of records, applied whole or not at
-all. A retried task, a re-run batch after a crash, or a zombie write of an old batch all find
-``applied >= id`` and change nothing.
-
-``finalize_window`` -- one Lua script per window: writes ``result:{window}``,
-``resultsum:{window}`` and ``topk:{window}``, deletes every worker's ``state:*:{window}`` and
-``sum:*:{window}``, and adds the window to ``windows:final`` -- guarded by that set, so a rerun
-after a crash does nothing twice. Before it, :meth:`StateStore.close_window` adds the window to
-``windows:closed`` and reads the partials in one MULTI: from then on ``apply`` counts any
-record of that window as late (``stats:late``) instead of changing the partials, so the
-partials the aggregator merged are exactly the ones finalize deletes, even if a producer broke
-its watermark promise.
-
-Watermarks in Lua are compared as doubles (Redis' Lua numbers) but stored as the original
-strings: exact for event times below 2⁵³ ms and for END_OF_STREAM. Counts and sums only ever
-go through ``HINCRBY`` (Redis' int64 arithmetic), never through a Lua number, so they stay
-exact; a sum per (key, window) must stay within int64 millionths, ±9.2·10¹² in the user's unit
-(Redis refuses the increment that would overflow, and the task fails rather than wrap).
-
-Latency: each applied DATA record adds one to a log-spaced histogram bucket of its end-to-end
-latency (:func:`latency_buckets`), 20 buckets per decade (12 % wide), so p50/p99 come from
-counters that are themselves idempotent, with no unbounded sample list.
+Latency: each applied DATA record adds one to a log-spaced bucket of its end-to-end latency,
+20 buckets per decade (:func:`latency_buckets`), so p50/p99 come from idempotent counters.
 
 Example:
-    >>> keys = RunKeys("demo")
-    >>> keys.state(3, 20_000), keys.wm(3), keys.windows_final
-    ('skewer:demo:state:3:20000', 'skewer:demo:wm:3', 'skewer:demo:windows:final')
     >>> latency_buckets(np.array([0.5, 1.0, 1.2, 10.0, 11.0])).tolist()
     [0, 0, 2, 20, 21]
     >>> latency_quantile({0: 50, 20: 49, 40: 1}, 0.99)
@@ -66,7 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -74,8 +32,8 @@ import numpy as np
 
 from operators.keys import KeyBatch
 from operators.windows import merge_partials
-from pipeline.io.kafka_io import RunNames, retry_through_restarts
-from pipeline.io.redis_client import client_from_url, replicas_to_wait
+from pipeline.io.redis_client import client_from_url, replicas_to_wait, retry_through_restarts
+from pipeline.io.redis_layout import ADD_ONCE_SCRIPT, APPLY_SCRIPT, FINALIZE_SCRIPT, RunKeys
 
 if TYPE_CHECKING:
     import redis as redis_module
@@ -91,91 +49,6 @@ REPLICA_WAIT_MS = 10_000
 class NotReplicatedError(Exception):
     """No replica acknowledged an apply within :data:`REPLICA_WAIT_MS`: the task fails, and
     Spark's retry (the apply is idempotent per worker and batch) waits again."""
-
-
-class RunKeys:
-    """Names of the Redis keys of one run's window state (prefix from ``kafka_io.RunNames``)."""
-
-    def __init__(self, run_id: str) -> None:
-        if not run_id or any(c in run_id for c in ":*?[] \n"):
-            raise ValueError(f"run id {run_id!r} must be non-empty, without ':', spaces or globs")
-        self.run_id = run_id
-        self.prefix = RunNames(run_id=run_id).redis_prefix
-
-    def truth(self, window: int) -> str:
-        return f"{self.prefix}truth:{window}"
-
-    def producer_sent(self, producer: int) -> str:
-        return f"{self.prefix}producer:{producer}:sent"
-
-    def state(self, worker: int, window: int) -> str:
-        return f"{self.prefix}state:{worker}:{window}"
-
-    def applied(self, worker: int) -> str:
-        return f"{self.prefix}applied:{worker}"
-
-    def wm(self, worker: int) -> str:
-        return f"{self.prefix}wm:{worker}"
-
-    def wm_sources(self, worker: int) -> str:
-        """Hash source -> that source's latest watermark seen by ``worker``."""
-        return f"{self.prefix}wm:{worker}:sources"
-
-    def result(self, window: int) -> str:
-        return f"{self.prefix}result:{window}"
-
-    def sums(self, worker: int, window: int) -> str:
-        """Hash key -> partial sum of amounts (``state``'s twin, runs with ``--sum``)."""
-        return f"{self.prefix}sum:{worker}:{window}"
-
-    def held_sums(self, worker: int, window: int) -> str:
-        return f"{self.prefix}heldsum:{worker}:{window}"
-
-    def result_sums(self, window: int) -> str:
-        return f"{self.prefix}resultsum:{window}"
-
-    def topk(self, window: int) -> str:
-        return f"{self.prefix}topk:{window}"
-
-    def latency(self, worker: int) -> str:
-        return f"{self.prefix}stats:latency:{worker}"
-
-    @property
-    def windows_open(self) -> str:
-        return f"{self.prefix}windows:open"
-
-    @property
-    def windows_closed(self) -> str:
-        return f"{self.prefix}windows:closed"
-
-    @property
-    def windows_final(self) -> str:
-        return f"{self.prefix}windows:final"
-
-    @property
-    def windows_published(self) -> str:
-        return f"{self.prefix}windows:published"
-
-    @property
-    def config(self) -> str:
-        return f"{self.prefix}config"
-
-    def held(self, worker: int, window: int) -> str:
-        """Hash key -> count of records of a migrating key held back at its new worker."""
-        return f"{self.prefix}held:{worker}:{window}"
-
-    def table_versions(self, worker: int) -> str:
-        """Hash source -> the routing-table version of that source's last TABLE_SWITCH here."""
-        return f"{self.prefix}wv:{worker}"
-
-    def ctl(self, name: str) -> str:
-        """Control-plane keys (:mod:`pipeline.stages.control_plane` documents them)."""
-        return f"{self.prefix}ctl:{name}"
-
-    def stats(self, name: str) -> str:
-        """``stats:records``, ``stats:late``, ``stats:rejected``, ``stats:batches`` (hashes
-        worker -> count) and ``stats:windows`` (aggregator totals)."""
-        return f"{self.prefix}stats:{name}"
 
 
 def latency_buckets(latency_ms: np.ndarray) -> np.ndarray:
@@ -255,158 +128,6 @@ class WorkerBatch:
         return args
 
 
-#: ARGV: prefix, worker, batch id, S, with sums (0|1), n_pairs, (window, key, count[, sum]) *
-#: n_pairs (the sum only with sums), n_marks,
-#: (source, watermark) * n_marks, records, rejected, n_buckets, (bucket, count) * n_buckets,
-#: n_switches, (source, table version) * n_switches, busy-until (ms; 0 = none).
-#: Returns 1 when applied, 0 when the batch was applied before.
-#:
-#: A (window, key) whose key is in ``ctl:pending:{worker}`` (it migrates here and its state has
-#: not arrived yet; :mod:`pipeline.stages.control_plane`) is held back: counted in
-#: ``held:{worker}:{window}`` (its sum in ``heldsum:``) instead of the state, until the
-#: migration moves the state here and releases it.
-APPLY_SCRIPT = """
-local prefix, worker, batch = ARGV[1], ARGV[2], ARGV[3]
-local applied_key = prefix .. 'applied:' .. worker
-local last = redis.call('GET', applied_key)
-if last and tonumber(last) >= tonumber(batch) then return 0 end
-local n_sources = tonumber(ARGV[4])
-local closed_set = prefix .. 'windows:closed'
-local with_sums = ARGV[5] == '1'
-local width = with_sums and 4 or 3
-local i = 6
-local n_pairs = tonumber(ARGV[i]); i = i + 1
-local late, held = 0, 0
-local closed = {}
-local pending_key = prefix .. 'ctl:pending:' .. worker
-local migrating = redis.call('SCARD', pending_key) > 0
-for _ = 1, n_pairs do
-  local window, key, count, amount = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  i = i + width
-  if closed[window] == nil then
-    closed[window] = redis.call('SISMEMBER', closed_set, window) == 1
-    if not closed[window] then redis.call('SADD', prefix .. 'windows:open', window) end
-  end
-  local state, sums = 'state:', 'sum:'
-  if closed[window] then
-    late = late + tonumber(count)
-    state = nil
-  elseif migrating and redis.call('SISMEMBER', pending_key, key) == 1 then
-    state, sums = 'held:', 'heldsum:'
-    held = held + tonumber(count)
-  end
-  if state then
-    local suffix = worker .. ':' .. window
-    redis.call('HINCRBY', prefix .. state .. suffix, key, count)
-    if with_sums then redis.call('HINCRBY', prefix .. sums .. suffix, key, amount) end
-  end
-end
-local n_marks = tonumber(ARGV[i]); i = i + 1
-local sources_key = prefix .. 'wm:' .. worker .. ':sources'
-for _ = 1, n_marks do
-  local source, mark = ARGV[i], ARGV[i + 1]
-  i = i + 2
-  local old = redis.call('HGET', sources_key, source)
-  if (not old) or tonumber(old) < tonumber(mark) then
-    redis.call('HSET', sources_key, source, mark)
-  end
-end
-if n_marks > 0 and redis.call('HLEN', sources_key) >= n_sources then
-  local low = nil
-  for _, mark in ipairs(redis.call('HVALS', sources_key)) do
-    if low == nil or tonumber(mark) < tonumber(low) then low = mark end
-  end
-  redis.call('SET', prefix .. 'wm:' .. worker, low)
-end
-local records, rejected = ARGV[i], ARGV[i + 1]
-i = i + 2
-redis.call('HINCRBY', prefix .. 'stats:records', worker, records)
-if tonumber(rejected) > 0 then
-  redis.call('HINCRBY', prefix .. 'stats:rejected', worker, rejected)
-end
-if late > 0 then redis.call('HINCRBY', prefix .. 'stats:late', worker, late) end
-local n_buckets = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n_buckets do
-  redis.call('HINCRBY', prefix .. 'stats:latency:' .. worker, ARGV[i], ARGV[i + 1])
-  i = i + 2
-end
-local n_switches = tonumber(ARGV[i]); i = i + 1
-local versions_key = prefix .. 'wv:' .. worker
-for _ = 1, n_switches do
-  local source, version = ARGV[i], ARGV[i + 1]
-  i = i + 2
-  local old = redis.call('HGET', versions_key, source)
-  if (not old) or tonumber(old) < tonumber(version) then
-    redis.call('HSET', versions_key, source, version)
-  end
-end
-if tonumber(ARGV[i]) > 0 then redis.call('HSET', prefix .. 'busy', worker, ARGV[i]) end
-if held > 0 then
-  redis.call('HINCRBY', prefix .. 'stats:held', worker, held)
-  local migration = redis.call('HGET', prefix .. 'ctl:current', 'migrating')
-  if migration and migration ~= '' then
-    local record = prefix .. 'ctl:migration:' .. migration
-    redis.call('HINCRBY', record, 'held_records', held)
-    -- When the first record was held: a record waits at most until the migration completes.
-    local now = redis.call('TIME')
-    redis.call('HSETNX', record, 'first_held_ms', now[1] * 1000 + math.floor(now[2] / 1000))
-  end
-end
-redis.call('HINCRBY', prefix .. 'stats:batches', worker, 1)
-redis.call('SET', applied_key, batch)
-return 1
-"""
-
-#: ARGV: prefix, window, W, top-k JSON, records, state entries, n_keys, (key, count) * n_keys,
-#: n_sums, (key, sum) * n_sums. Returns 1 when finalized now, 0 when the window was final
-#: already.
-FINALIZE_SCRIPT = """
-local prefix, window = ARGV[1], ARGV[2]
-if redis.call('SISMEMBER', prefix .. 'windows:final', window) == 1 then return 0 end
--- HSET in chunks: unpack() of the whole ARGV could overflow Lua's C stack.
-local function write(hash, first, n)
-  redis.call('DEL', hash)
-  local last, chunk = first + 2 * n - 1, 1000
-  for start = first, last, chunk do
-    redis.call('HSET', hash, unpack(ARGV, start, math.min(start + chunk - 1, last)))
-  end
-  return last + 1
-end
-local n_keys = tonumber(ARGV[7])
-local after = write(prefix .. 'result:' .. window, 8, n_keys)
-write(prefix .. 'resultsum:' .. window, after + 1, tonumber(ARGV[after]))
-redis.call('SET', prefix .. 'topk:' .. window, ARGV[4])
-for worker = 0, tonumber(ARGV[3]) - 1 do
-  local suffix = worker .. ':' .. window
-  redis.call('DEL', prefix .. 'state:' .. suffix, prefix .. 'held:' .. suffix,
-             prefix .. 'sum:' .. suffix, prefix .. 'heldsum:' .. suffix)
-end
-redis.call('SADD', prefix .. 'windows:final', window)
-redis.call('SREM', prefix .. 'windows:open', window)
-local totals = prefix .. 'stats:windows'
-redis.call('HINCRBY', totals, 'windows', 1)
-redis.call('HINCRBY', totals, 'records', ARGV[5])
-redis.call('HINCRBY', totals, 'state_entries', ARGV[6])
-redis.call('HINCRBY', totals, 'distinct_keys', n_keys)
-return 1
-"""
-
-
-#: KEYS[1]: the write's marker; ARGV: (key, field, amount) * n, field '' for a plain counter.
-#: Returns 1 when added now, 0 when the marker was there (added before).
-ADD_ONCE_SCRIPT = """
-if not redis.call('SET', KEYS[1], 1, 'NX') then return 0 end
-for i = 1, #ARGV, 3 do
-  if ARGV[i + 1] == '' then
-    redis.call('INCRBY', ARGV[i], ARGV[i + 2])
-  else
-    redis.call('HINCRBY', ARGV[i], ARGV[i + 1], ARGV[i + 2])
-  end
-end
-return 1
-"""
-
-
 def add_once(
     client: redis_module.Redis,
     marker: str,
@@ -418,7 +139,7 @@ def add_once(
     once per ``marker``, and with ``replicas`` return only once that many replicas hold it.
 
     The producers' counts (the truth, records sent) are additions, and a client that retries
-    through a lost connection (:func:`~pipeline.io.kafka_io.retry_through_restarts`) may run
+    through a lost connection (:func:`~pipeline.io.redis_client.retry_through_restarts`) may run
     one twice; the marker, set in the same script, makes the retry a no-op. Behind Sentinel a
     failover loses what no replica had: ``WAIT`` on the same connection says whether one does,
     and a retry reaches the promoted primary, where the marker is missing if the addition
@@ -473,6 +194,23 @@ class Differences:
                 self.count += 1
                 if len(self.first) < self.keep:
                     self.first.append((window, key, expected.get(key, 0), got.get(key, 0)))
+
+
+def mismatch_rows(
+    mismatches: Sequence[tuple[int, bytes, int, int]],
+    expected: str,
+    show: Callable[[int], object] = int,
+) -> list[dict[str, object]]:
+    """``(window, key, expected, got)`` mismatches as JSON rows, the key as UTF-8 text and
+    each value through ``show``.
+
+    >>> mismatch_rows([(0, b"a", 5, 4)], "truth")
+    [{'window': 0, 'key': 'a', 'truth': 5, 'result': 4}]
+    """
+    return [
+        {"window": w, "key": k.decode("utf-8", "replace"), expected: show(e), "result": show(g)}
+        for w, k, e, g in mismatches
+    ]
 
 
 @dataclass(frozen=True)
@@ -536,7 +274,7 @@ class StateStore:
     def busy_until(self, workers: Sequence[int]) -> dict[int, float]:
         """When each worker's emulated server finished its last applied batch (epoch ms; 0
         for none): the CPU-cost knob's memory across micro-batches."""
-        values = self.client.hmget(f"{self.keys.prefix}busy", list(workers)) if workers else []
+        values = self.client.hmget(self.keys.busy, list(workers)) if workers else []
         return {w: float(v) if v else 0.0 for w, v in zip(workers, values, strict=True)}
 
     def claim_config(self, **values: int) -> dict[str, tuple[int, int]]:
@@ -626,6 +364,9 @@ class StateStore:
     def final_windows(self) -> list[int]:
         return sorted(int(w) for w in self.client.smembers(self.keys.windows_final))
 
+    def final_window_count(self) -> int:
+        return int(self.client.scard(self.keys.windows_final))
+
     def unpublished_windows(self) -> list[int]:
         """Final windows whose result record is not yet acknowledged by Kafka."""
         raw = self.client.sdiff(self.keys.windows_final, self.keys.windows_published)
@@ -658,10 +399,14 @@ class StateStore:
         found = self.client.scan_iter(match=prefix + b"*", count=1000)
         return sorted(_window_suffix(key, prefix) for key in found)
 
+    def run_exists(self) -> bool:
+        """Whether any key of the run is in Redis."""
+        return next(self.client.scan_iter(match=self.keys.pattern), None) is not None
+
     def delete_run(self) -> None:
         """Delete every Redis key of the run (its prefix), a thousand at a time."""
         batch: list[bytes] = []
-        for key in self.client.scan_iter(match=f"{self.keys.prefix}*", count=1000):
+        for key in self.client.scan_iter(match=self.keys.pattern, count=1000):
             batch.append(key)
             if len(batch) >= 1000:
                 self.client.delete(*batch)
@@ -674,7 +419,7 @@ class StateStore:
         final)."""
         found = []
         for kind in ("state", "held", "sum", "heldsum"):
-            found += self.client.scan_iter(match=f"{self.keys.prefix}{kind}:*", count=1000)
+            found += self.client.scan_iter(match=self.keys.state_family(kind), count=1000)
         return sorted(found)
 
     def per_worker(self, name: str, n_workers: int) -> np.ndarray:
@@ -682,8 +427,21 @@ class StateStore:
         values = self.client.hmget(self.keys.stats(name), list(range(n_workers)))
         return np.array([0 if v is None else int(v) for v in values], dtype=np.int64)
 
+    def per_worker_total(self, name: str) -> int:
+        """The sum of a ``stats:{name}`` hash over every worker in it."""
+        return sum(int(v) for v in self.client.hvals(self.keys.stats(name)))
+
+    def produced_records(self) -> int:
+        """Records the producers of the run acknowledged (sum of ``producer:{p}:sent``)."""
+        # Run ids hold no glob characters (RunKeys refuses them), so the prefix matches literally.
+        keys = sorted(self.client.scan_iter(match=self.keys.producer_sent("*")))
+        if not keys:
+            return 0
+        return sum(int(value) for value in self.client.mget(keys) if value is not None)
+
     def processed_per_worker(self, n_workers: int) -> np.ndarray:
-        """Valid DATA records each worker applied (DESIGN.md invariant 3: they add up)."""
+        """Valid DATA records each worker applied (they add up:
+        docs/design.md#exactness-invariants)."""
         return self.per_worker("records", n_workers)
 
     def window_totals(self) -> dict[str, int]:

@@ -1,7 +1,9 @@
 """The aggregator's series, read from Redis at scrape time: final windows, replication, watermark.
 
+Layer: observe.
+
 Read the same way as the workers' (:mod:`pipeline.observe.workers`), from ``stats:windows`` and
-the workers' watermarks, so a restarted aggregator continues its counters. (layer: observe)
+the workers' watermarks, so a restarted aggregator continues its counters.
 """
 
 from __future__ import annotations
@@ -52,12 +54,12 @@ class AggregatorCollector:
     """
 
     def __init__(self, labels: RunLabels, n_workers: int, redis_url: str) -> None:
-        from pipeline.io import kafka_io
+        from pipeline.io.redis_client import connect_redis
         from pipeline.io.state_store import StateStore
 
         self.labels = labels
         self.n_workers = n_workers
-        self.store = StateStore(kafka_io.connect_redis(redis_url), labels.run)
+        self.store = StateStore(connect_redis(redis_url), labels.run)
         self.errors = ScrapeErrors(labels, "aggregate")
         self._watermark_ms: int | None = None
 

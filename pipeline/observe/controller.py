@@ -1,8 +1,9 @@
 """The controller's series (routing-table schemes): rounds, tables, planning and migrations.
 
+Layer: observe.
+
 Counted in-process around the controller and its migrations, per process: a restarted
 controller starts them at zero and Prometheus' ``rate``/``increase`` handle the reset.
-(layer: observe)
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """One Prometheus exporter per stage process: its HTTP endpoint, port and target file.
 
-The exporter (:func:`start_exporter`): prometheus-client's WSGI app, on a thread-per-request
-HTTP server of its own (to tell Prometheus' scrapes from others, below), on
-``$SKEWER_METRICS_HOST`` (default 127.0.0.1; compose sets 0.0.0.0) and ``--metrics-port``
-(default ``$SKEWER_METRICS_PORT``, else 0 = a free port; -1 = off). For the native Prometheus
-it writes a file_sd target file ``{run_dir}/prometheus/targets/{stage}-{run}-{pid}.json``
-atomically (rename) and deletes it when it closes -- at the end of the command, at interpreter
-exit, and on SIGTERM when the stage has no SIGTERM handler of its own; files left by processes
-that died with ``kill -9`` are removed by the next exporter that starts. Before it stops
-serving, the exporter waits (up to ``$SKEWER_METRICS_LINGER`` seconds, default 10) for one
-scrape by Prometheus (its User-Agent) that began after the stage finished, when a Prometheus
-has scraped it or answers at ``$SKEWER_PROMETHEUS_URL``: a stage that ends between two scrapes
--- a producer done in a second, say -- would otherwise never show its final counts.
+Layer: observe.
 
-The grouping stage's S sources are child processes: prometheus-client's multiprocess mode.
-``start_exporter(..., multiprocess=True)`` gives the ``skewer group`` process a fresh
-``PROMETHEUS_MULTIPROC_DIR`` before the sources are spawned (they inherit it, so their metric
-values live in memory-mapped files there), serves their merged values from one endpoint, and
-deletes the folder when it closes. (layer: observe)
+:func:`start_exporter` serves prometheus-client's WSGI app on a server of its own, on
+``$SKEWER_METRICS_HOST`` (default 127.0.0.1) and ``--metrics-port`` (default
+``$SKEWER_METRICS_PORT``, else 0 = a free port; -1 = off), and for the native Prometheus writes
+a file_sd target file ``{run_dir}/prometheus/targets/{stage}-{run}-{pid}.json``, deleted when
+it closes (files of processes killed with ``kill -9`` by the next exporter). Before it stops it
+waits (up to ``$SKEWER_METRICS_LINGER`` s) for one scrape by Prometheus that began after the
+stage finished, so a short stage's final counts are seen. The grouping stage's sources are
+child processes: prometheus-client's multiprocess mode (``multiprocess=True``), one endpoint
+for all. See docs/metrics.md.
 
 Example:
     >>> target_document("0.0.0.0", 9464, "group")

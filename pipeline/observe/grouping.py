@@ -1,4 +1,6 @@
-"""The grouping stage's series, counted in-process once per committed batch. (layer: observe)
+"""The grouping stage's series, counted in-process once per committed batch.
+
+Layer: observe.
 
 A batch counts only once its Kafka transaction committed, so a batch the broker aborted and the
 source read again is counted when it commits, not twice. Several sources record into the

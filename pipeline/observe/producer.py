@@ -1,4 +1,6 @@
-"""The producer's series, counted in-process once per acknowledged chunk. (layer: observe)
+"""The producer's series, counted in-process once per acknowledged chunk.
+
+Layer: observe.
 
 Example:
     >>> records_per_producer(7, 3)

@@ -1,9 +1,11 @@
-"""The contract's Prometheus series: names, types, labels and help, defined once. (layer: observe)
+"""The contract's Prometheus series: names, types, labels and help, defined once.
+
+Layer: observe.
 
 One naming scheme, ``skewer_...``, base units (seconds), ``_total`` for counters. Every series
 carries ``run`` (run id) and ``scheme`` (grouping scheme); stages add ``worker``, ``source``,
 ``producer``, ``reason`` or ``outcome``. :data:`SERIES` lists every series exactly once (name,
-type, labels, help) and is the single source the metric objects, the collectors, the README's
+type, labels, help) and is the single source the metric objects, the collectors, docs/metrics.md's
 metrics reference and the dashboard tests use; :class:`RunLabels` is the one place that sets
 ``run`` and ``scheme``, so no stage can forget them.
 
@@ -61,7 +63,7 @@ class Series:
         return (*RUN_LABELS, *self.labels)
 
 
-#: Every series, grouped by the stage that exports it (the metrics reference of the README).
+#: Every series, grouped by the stage that exports it (docs/metrics.md#series lists them).
 # fmt: off
 SERIES: tuple[Series, ...] = (
     Series("skewer_producer_records_total", "counter", ("producer",),

@@ -1,22 +1,17 @@
-"""The run's timeline: per-worker loads sampled into Redis about once a second. (layer: observe)
+"""The run's timeline: per-worker loads sampled into Redis about once a second.
 
-:class:`TimelineSampler` runs in the aggregator's
-loop (``skewer aggregate`` is the one stage that lives for the whole run): about once a second,
-and once more when the aggregator ends, it appends one JSON sample to the Redis list
-``skewer:{run}:stats:timeline`` (``RunKeys.stats("timeline")``)::
+Layer: observe.
+
+:class:`TimelineSampler` runs in the aggregator's loop (the one stage that lives for the whole
+run): about once a second, and once more when the aggregator ends, it appends one JSON sample
+to the run's ``stats:timeline`` list::
 
     {"t_ms": <wall clock, ms>, "records": [L_0, ..., L_W-1], "routed": [R_0, ..., R_W-1]}
 
-``records`` are the workers' cumulative processed records (``stats:records``, idempotent: a
-replayed micro-batch is not counted twice) and ``routed`` the grouping stage's cumulative
-records routed to each worker (``stats:routed``). Because samples are cumulative, every
-figure comes from differences of successive samples: a duplicate sample (an aggregator
-restarted after a crash samples again, the final sample may repeat the last one) only adds an
-empty interval, which the report leaves out; nothing is counted twice. The list keeps the
-latest :data:`MAX_SAMPLES` samples (27 hours at one per second) so a long-running stack does
-not grow Redis without bound; older intervals simply fall off the start of the plot.
-
-The run report (:mod:`pipeline.runs.report`) draws its picture from these samples.
+``records`` are the workers' cumulative processed records (``stats:records``) and ``routed``
+the grouping stage's cumulative records per worker (``stats:routed``). Samples are cumulative,
+so a duplicate sample only adds an empty interval, and nothing is counted twice. The list keeps
+the latest :data:`MAX_SAMPLES`. The run report (:mod:`pipeline.runs.report`) draws from them.
 
 Example:
     >>> Sample(1000, (30, 10), (31, 10)).to_json()
@@ -32,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pipeline.io.state_store import RunKeys, StateStore
+from pipeline.io.redis_layout import RunKeys
+from pipeline.io.state_store import StateStore
 
 if TYPE_CHECKING:
     import redis as redis_module

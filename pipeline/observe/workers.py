@@ -1,26 +1,14 @@
 """The Spark workers' series, read from Redis and Kafka at scrape time by the driver.
 
-The Spark tasks run in Python workers Spark starts and stops as it likes, so they export
-nothing themselves. The driver process serves :class:`WorkerCollector`, a custom collector that
-reads, *at scrape time*, the run's Redis counters the tasks maintain
-(``stats:records|late|rejected|batches|held``, ``stats:latency:{w}``, the open windows'
-``state:{w}:{window}`` hashes) and Kafka's end offsets of topic ``work`` against the offsets
-the streaming query committed (its checkpoint's offset log: ``offsets/{id}`` of the newest
-``commits/{id}``, the very file the query restarts from). Because the Redis counters are
-idempotent per (worker, micro-batch) -- a replayed batch is not applied twice -- Prometheus
-sees exactly the records processed, never a replay counted twice, and the counters continue
-(no reset) across a restart of the job. The imbalance gauges are computed from the same loads
-with :func:`operators.metrics.imbalance` and :func:`~operators.metrics.max_avg_ratio` (the one
-definition of I(t) and lambda).
+Layer: observe.
 
-Latency histogram. The workers keep a log-bucket histogram in Redis, 20 buckets per decade
-(:func:`pipeline.io.state_store.latency_buckets`); :func:`latency_le_buckets` turns it into
-cumulative Prometheus buckets at every 5th Redis edge, i.e. 4 per decade from 1 ms to 100 s
-(le = 0.001, 0.001779, 0.003163, 0.005624, 0.01, ... 100 seconds, each Redis edge rounded up
-to 4 significant digits, plus +Inf). Every coarse edge is a Redis edge, so each cumulative
-count is exactly the Redis count up to that edge, never interpolated. The ``_sum`` is an
-estimate (Redis keeps no sum): each record counts at the geometric centre of its Redis bucket
-(0.5 ms for the first, <= 1 ms). (layer: observe)
+The Spark tasks export nothing themselves; the driver serves :class:`WorkerCollector`, which
+reads at scrape time the run's Redis counters the tasks keep (idempotent per worker and
+micro-batch, so a replay is never counted twice and a restarted job continues them) and
+Kafka's end offsets of ``work`` against the offsets the query committed. Imbalance comes from
+:func:`operators.metrics.imbalance`. The Redis latency histogram (20 buckets per decade) is
+served as Prometheus buckets at every 5th Redis edge (:func:`latency_le_buckets`): exact
+counts, never interpolated; the ``_sum`` is an estimate. See docs/metrics.md.
 
 Example:
     >>> latency_le_buckets({0: 5, 3: 1, 21: 2, 200: 1})[:3]
@@ -51,7 +39,8 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from operators.metrics import load_figures
-from pipeline.io.state_store import BUCKETS_PER_DECADE, RunKeys, bucket_upper_ms
+from pipeline.io.redis_layout import RunKeys
+from pipeline.io.state_store import BUCKETS_PER_DECADE, bucket_upper_ms
 from pipeline.observe.series import RunLabels, ScrapeErrors, metric_family
 
 if TYPE_CHECKING:
@@ -267,12 +256,12 @@ class WorkerCollector:
         redis_url: str,
         lag: Callable[[], list[int]] | None = None,
     ) -> None:
-        from pipeline.io import kafka_io
+        from pipeline.io.redis_client import connect_redis
 
         self.labels = labels
         self.n_workers = n_workers
         self.keys = RunKeys(labels.run)
-        self.client = kafka_io.connect_redis(redis_url)
+        self.client = connect_redis(redis_url)
         self.lag = lag
         self.errors = ScrapeErrors(labels, "work")
         self._lock = threading.Lock()

@@ -1,60 +1,22 @@
 """One run of the live pipeline: produce, group, work and aggregate as ``skewer`` subprocesses.
 
-``skewer demo`` (and the end-to-end tests and benchmark) run the four stages of issue 4 for
-one run id, each as the ``skewer`` command a user would type (``python -m pipeline.cli ...``),
-so the demo exercises exactly the product's entry points:
+Layer: runs.
 
-1. the run must be new (no topic or Redis key of it exists, so that cleaning up afterwards
-   deletes nothing of anyone else's); its topics are created up front with their partition
-   counts (``{prefix}keys``: S, ``{prefix}work``: W, ``dead-letters`` and ``results``: 1) by
-   the grouping stage's own :func:`pipeline.stages.grouping.prepare`, which also checks the
-   scheme and the services;
-2. ``skewer work --until-end`` (Spark) starts first and the run waits until its streaming query
-   has committed its first micro-batch (``{checkpoint}/commits``): a JVM takes seconds to
-   start, and a producer that ran meanwhile would measure Spark's start-up, not the grouping;
-3. ``skewer aggregate --until-end`` and ``skewer group --until-end`` start, then
-   ``skewer produce``; the run is over when all four exited 0 (the stages stop by themselves at
-   END_OF_STREAM). A stage that exits otherwise stops the run: its last error line and log file
-   are reported. A timeout stops it too.
-
-Every stage runs in its own session (process group): Ctrl-C reaches only the orchestrator,
-which stops the stages itself (SIGTERM, then SIGKILL after a grace period), and
-:meth:`Pipeline.kill` can ``kill -9`` a stage with all its children (the Spark JVM and its
-Python workers, the grouping stage's source processes) the way a crashed machine would. Each
-stage also gets SIGTERM if the orchestrator dies (``PR_SET_PDEATHSIG``). Stage output goes to
-``{run_dir}/demo/{run_id}/{stage}.out|.err``; each stage prints one JSON summary on stdout.
-
-Progress (stderr, about once a second): records produced (the ``keys`` topic's end offsets
-while the producer runs, then its acknowledged count), grouped (``stats:routed``), processed
-by the workers (``stats:records``), final windows, and the current load of the most loaded
-worker against the average (max/avg).
-
-The summary (:class:`RunSummary`) is read from Redis and Kafka after the run:
-
-- ``throughput``: records processed / seconds from the first record of ``keys`` to the last
-  record of ``results`` (both Kafka timestamps): from first produce to last window final. With
-  an offered load above what the workers can serve (the benchmark's setting), that time is
-  set by the most loaded worker, so an overloaded worker shows up as lost throughput;
-  ``offered_rate`` is records / seconds from the first record of ``keys`` to the grouping
-  stage's last write to ``work``: what producers and stage offered the workers;
-- ``latency_p50_ms`` / ``latency_p99_ms``: the workers' latency histograms
-  (:mod:`pipeline.io.state_store`: from the grouping stage's write to ``work`` to the worker's
-  apply, queueing included), over all workers and per worker;
-- ``imbalance_final`` = max_i L_i - avg_i L_i of the records each worker processed,
-  ``max_avg_ratio`` = max_i L_i / avg_i L_i (the papers' lambda), ``replication`` = (key,
-  worker) state entries / distinct keys summed over windows (1 for key grouping);
-- ``exact`` and the mismatches from :func:`pipeline.runs.verify.verify_run` (a user's topic:
-  :func:`pipeline.runs.recount.verify_recount`, a Spark batch recount of it).
-
-What each stage is started with comes from the run's :class:`~pipeline.runs.plan.RunPlan`;
-the figures are a :class:`~pipeline.runs.summary.RunSummary`. (layer: runs)
+:class:`Pipeline` starts each stage of a :class:`~pipeline.runs.plan.RunPlan` as the command a
+user would type (``python -m pipeline.cli ...``), so a run exercises exactly the product's entry
+points: ``work`` first (until Spark committed a micro-batch), then ``aggregate``, ``control``,
+``group`` and ``produce``; the run is over when every stage exited 0 at END_OF_STREAM, and a
+stage that fails stops it. It reports progress about once a second, reads the figures
+(:meth:`Pipeline.summary`, a :class:`~pipeline.runs.summary.RunSummary`; what they mean:
+docs/performance.md) and deletes the run. :func:`run_pipeline` is the one way to run a plan
+whole (``skewer demo``, the benchmarks); the fault tests drive a :class:`Pipeline` step by step.
+Stage output goes to ``{run_dir}/demo/{run_id}/{stage}.out|.err``. The services a run needs:
+:mod:`pipeline.runs.service_lease`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
 import os
 import shutil
 import signal
@@ -63,16 +25,18 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 from operators.metrics import load_figures
-from pipeline.io import config, kafka_io, kafka_security, probes, redis_client
+from pipeline.io import config, kafka_io
+from pipeline.io.grouping_store import GroupingStore
+from pipeline.io.redis_client import connect_redis
 from pipeline.runs.plan import STAGES, RunPlan
+from pipeline.runs.stage_process import StageProcess, signal_group, start_stage
 from pipeline.runs.summary import RunSummary
-from pipeline.services import manager, native
-from pipeline.services.process import die_with_parent, group_alive
+from pipeline.services.process import group_alive
 
 if TYPE_CHECKING:
     import redis as redis_module
@@ -85,9 +49,6 @@ if TYPE_CHECKING:
 WORK_READY_SECONDS = 180.0
 #: Seconds a stage gets to exit after SIGTERM before SIGKILL (Spark stops its query first).
 STOP_GRACE_SECONDS = 15.0
-#: The services a run needs (Prometheus is not on the data path).
-RUN_SERVICES = ("kafka", "redis")
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 
 Log = Callable[[str], None]
 
@@ -104,132 +65,11 @@ class StageFailedError(PipelineError):
         super().__init__(f"{stage} failed (exit {code}): {reason} (log: {log_path})")
 
 
-# --- services -------------------------------------------------------------------------------
-
-
-@dataclass
-class ServiceLease:
-    """The services a run made sure of; :meth:`release` stops the ones it had to start."""
-
-    settings: config.Settings
-    leased: list[str] = field(default_factory=list)
-    started: list[str] = field(default_factory=list)
-
-    def release(self) -> None:
-        if self.leased:
-            manager.release(self.settings, self.leased)
-            self.leased = []
-
-
-def ensure_services(settings: config.Settings, *, start: bool, keep: bool = False) -> ServiceLease:
-    """Kafka and Redis answering, natively started if needed (and allowed); else PipelineError.
-
-    Services are only started for loopback addresses (a remote broker is not ours to start),
-    and Kafka only for a bootstrap list of one address (a cluster is not ours either).
-    Started ones are held by a lease (:func:`pipeline.services.manager.acquire`): the lease's
-    release stops them unless someone else (``skewer services up``, a test session) holds them.
-    With ``keep`` they are started like ``skewer services up`` and keep running.
-    """
-    lease = ServiceLease(settings)
-    sentinel = redis_client.is_sentinel_url(settings.redis_url)
-    if sentinel:
-        # Sentinel is never started for a run: before anything starts, its sentinels name a
-        # primary, or the run stops (none answers: exit 1; none names a primary: exit 2).
-        kafka_io.connect_redis(settings.redis_url).close()
-    kafka_host = settings.kafka_host if len(settings.kafka_hosts) == 1 else "(a cluster)"
-    redis_host = "(sentinel)" if sentinel else settings.redis_host
-    where = {
-        "kafka": (kafka_host, settings.kafka_bootstrap, probes.kafka_answers),
-        "redis": (redis_host, settings.redis_url, probes.redis_answers),
-    }
-    down = [name for name in RUN_SERVICES if not where[name][2](where[name][1], timeout=5.0)]
-    # Skewer's own broker and Redis speak plaintext, so starting one cannot help a client that
-    # asks for TLS or a login: say why the service it asks does not answer (a login refused, a
-    # certificate not trusted ...).
-    if "kafka" in down and kafka_security.from_environ().protocol != "PLAINTEXT":
-        kafka_io.require_kafka(settings.kafka_bootstrap)
-        down.remove("kafka")
-    if "redis" in down and settings.redis_url.startswith("rediss://"):
-        kafka_io.connect_redis(settings.redis_url).close()
-        down.remove("redis")
-    if not down:
-        return lease
-    for name in down:
-        host, address, _ = where[name]
-        if not start or host not in LOOPBACK_HOSTS:
-            why = "" if start else " (--no-start)"
-            raise PipelineError(
-                f"{name} does not answer at {address}{why}; start it: skewer services up"
-            )
-    try:
-        if keep:
-            states = manager.up(settings, down)
-        else:
-            states = manager.acquire(settings, down)
-            lease.leased = list(down)
-    except native.ServiceError as error:
-        raise PipelineError(str(error)) from None
-    lease.started = [s.name for s in states if s.state == "started"]
-    return lease
-
-
-# --- processes ------------------------------------------------------------------------------
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
-
-
-@dataclass
-class StageProcess:
-    """A running (or finished) stage: its process, logs and start count."""
-
-    name: str
-    argv: list[str]
-    process: subprocess.Popen[bytes]
-    stdout_path: Path
-    stderr_path: Path
-    starts: int = 1
-    killed: bool = False
-
-    @property
-    def pgid(self) -> int:
-        return self.process.pid  # start_new_session: the stage leads its own group
-
-    def exit_code(self) -> int | None:
-        return self.process.poll()
-
-    def output(self) -> dict[str, Any] | None:
-        """The stage's JSON summary (its last stdout line), if it printed one."""
-        lines = [line for line in _read(self.stdout_path).splitlines() if line.strip()]
-        if not lines:
-            return None
-        try:
-            parsed = json.loads(lines[-1])
-        except ValueError:
-            return None
-        return parsed if isinstance(parsed, dict) else None
-
-    def reason(self) -> str:
-        """The stage's own error line, else the last line of its stderr."""
-        lines = [line.strip() for line in _read(self.stderr_path).splitlines() if line.strip()]
-        ours = [line for line in lines if line.startswith("skewer ")]
-        if ours:
-            return ours[-1]
-        return lines[-1] if lines else "no error output"
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
 @dataclass(frozen=True)
 class Progress:
-    """Where a run is, from Redis and Kafka."""
+    """Where a run is, from Redis and Kafka: records produced (the ``keys`` topic's end offsets
+    while the producer runs, then its acknowledged count), grouped, processed by the workers,
+    final windows, and the load of the most loaded worker against the average."""
 
     elapsed: float
     produced: int
@@ -308,8 +148,7 @@ class Pipeline:
         try:
             kafka_io.require_kafka(bootstrap)
             existing = [t for t in self.plan.topics if kafka_io.topic_partitions(bootstrap, t)]
-            client = self.store.client
-            if existing or next(client.scan_iter(match=f"{self.store.keys.prefix}*"), None):
+            if existing or self.store.run_exists():
                 what = f"topic {existing[0]!r}" if existing else "Redis keys"
                 raise PipelineError(
                     f"run {self.plan.run_id!r} exists already ({what}); use another --run-id "
@@ -327,22 +166,8 @@ class Pipeline:
         if previous is not None and previous.exit_code() is None:
             raise PipelineError(f"{stage} is still running")
         argv = [self.python, "-m", "pipeline.cli", *self.plan.argv(stage, self.settings)]
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        stdout_path = self.log_dir / f"{stage}.out"
-        stderr_path = self.log_dir / f"{stage}.err"
-        with open(stdout_path, "ab") as stdout, open(stderr_path, "ab") as stderr:
-            _mark(stderr, f"=== {time.ctime()}: {' '.join(argv)}")
-            process = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=stdout,
-                stderr=stderr,
-                env=self.environ,
-                start_new_session=True,
-                preexec_fn=functools.partial(die_with_parent, signal.SIGTERM),
-            )
         starts = previous.starts + 1 if previous is not None else 1
-        self.stages[stage] = StageProcess(stage, argv, process, stdout_path, stderr_path, starts)
+        self.stages[stage] = start_stage(stage, argv, self.log_dir, self.environ, starts)
         return self.stages[stage]
 
     def start_all(self, stages: Sequence[str] | None = None, *, ready_timeout: float = 0) -> None:
@@ -368,13 +193,10 @@ class Pipeline:
     def wait_group_ready(self, timeout: float = WORK_READY_SECONDS) -> None:
         """Until every source of the grouping stage has started (consumer assigned, producer's
         transactions initialised, table installed); raises if the stage died."""
-        names, client = self.plan.names, self.store.client
+        counters = GroupingStore(self.store.client, self.plan.run_id)
 
         def every_source_started() -> bool:
-            pipe = client.pipeline(transaction=False)
-            for source in range(self.plan.sources):
-                pipe.hexists(names.redis_key("stats", "source", source), "started_ms")
-            return all(pipe.execute())
+            return counters.sources_started(self.plan.sources)
 
         self._wait_ready("group", every_source_started, timeout, poll=0.1)
 
@@ -394,7 +216,7 @@ class Pipeline:
         """Signal ``stage`` and all its children (``kill -9`` by default); wait until gone."""
         process = self.stages[stage]
         process.killed = True
-        _signal_group(process.pgid, signum)
+        signal_group(process.pgid, signum)
         process.process.wait()
         deadline = time.monotonic() + 30
         while group_alive(process.pgid) and time.monotonic() < deadline:
@@ -404,14 +226,14 @@ class Pipeline:
         """SIGTERM every running stage, SIGKILL what is left after ``grace`` seconds."""
         running = [p for p in self.stages.values() if p.exit_code() is None]
         for process in running:
-            _signal_group(process.pgid, signal.SIGTERM)
+            signal_group(process.pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         for process in running:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.process.wait(max(0.0, deadline - time.monotonic()))
         for process in self.stages.values():
             if group_alive(process.pgid):
-                _signal_group(process.pgid, signal.SIGKILL)
+                signal_group(process.pgid, signal.SIGKILL)
             process.process.poll()
 
     def close(self) -> None:
@@ -473,7 +295,7 @@ class Pipeline:
         if self._store is None:
             from pipeline.io.state_store import StateStore
 
-            self._redis = kafka_io.connect_redis(self.settings.redis_url)
+            self._redis = connect_redis(self.settings.redis_url)
             self._store = StateStore(self._redis, self.plan.run_id)
         return self._store
 
@@ -502,7 +324,7 @@ class Pipeline:
         if sent is None:
             in_topic = sum(self._end_offsets(self.input_topic, plan.sources))
             sent = min(in_topic, plan.records)  # minus a few watermark records, while running
-        routed = store.client.hvals(plan.names.redis_key("stats", "routed"))
+        routed = GroupingStore(store.client, plan.run_id).routed_per_worker().values()
         loads = store.processed_per_worker(plan.workers).tolist()
         return Progress(
             elapsed=time.monotonic() - self.started_at,
@@ -510,7 +332,7 @@ class Pipeline:
             grouped=sum(int(v) for v in routed),
             processed=sum(loads),
             loads=loads,
-            windows_final=int(store.client.scard(store.keys.windows_final)),
+            windows_final=store.final_window_count(),
         )
 
     @property
@@ -563,10 +385,8 @@ class Pipeline:
             for bucket, count in histogram.items():
                 overall[bucket] = overall.get(bucket, 0) + count
         totals = store.window_totals()
-        dead = {
-            k.decode(): int(v)
-            for k, v in store.client.hgetall(plan.names.redis_key("stats", "dead_letters")).items()
-        }
+        counters = GroupingStore(store.client, plan.run_id)
+        dead = counters.dead_letters_by_reason()
         first_ms, routed_ms, final_ms = self.timeline()
         seconds = (final_ms - first_ms) / 1000 if first_ms is not None and final_ms else None
         offered = (routed_ms - first_ms) / 1000 if first_ms is not None and routed_ms else None
@@ -583,9 +403,7 @@ class Pipeline:
             records_requested=plan.records,
             # a user's topic: the records it held when the run began (what the run read)
             records_produced=(_produced(store) or 0) if plan.input_topic is None else plan.records,
-            records_grouped=sum(
-                int(v) for v in store.client.hvals(plan.names.redis_key("stats", "routed"))
-            ),
+            records_grouped=sum(counters.routed_per_worker().values()),
             records_processed=processed,
             per_worker=loads,
             latency_p50_per_worker=[latency_quantile(h, 0.5) for h in histograms],
@@ -601,9 +419,7 @@ class Pipeline:
             max_avg_ratio=max_avg_ratio,
             replication=totals.get("state_entries", 0) / distinct if distinct else None,
             dead_letters=sum(dead.values()),
-            late_records=sum(
-                int(v) for v in store.client.hvals(plan.names.redis_key("stats", "late_input"))
-            ),
+            late_records=sum(counters.late_per_source().values()),
             dead_letter_reasons=dead,
             stages={name: p.output() for name, p in self.stages.items()},
             restarts={name: p.starts - 1 for name, p in self.stages.items() if p.starts > 1},
@@ -651,11 +467,6 @@ class Pipeline:
         shutil.rmtree(self.plan.checkpoint_dir(self.settings), ignore_errors=True)
         if logs:
             shutil.rmtree(self.log_dir, ignore_errors=True)
-
-
-def _mark(stream: IO[bytes], line: str) -> None:
-    stream.write(f"{line}\n".encode())
-    stream.flush()
 
 
 def _produced(store: StateStore) -> int | None:
@@ -720,17 +531,33 @@ def run_pipeline(
     on_progress: Callable[[Progress], None] | None = None,
     keep: bool = False,
     log: Log | None = None,
+    environ: Mapping[str, str] | None = None,
+    on_start: Callable[[Pipeline], None] | None = None,
+    on_end: Callable[[Pipeline, RunSummary], None] | None = None,
 ) -> RunSummary:
-    """Run all four stages of ``plan`` to the end and summarize; cleans up unless ``keep``.
+    """Run every stage of ``plan`` to the end and summarize: the one way to run a plan whole.
 
-    Raises :class:`StageFailedError` / :class:`PipelineError` (stages stopped, logs kept).
+    ``on_start`` sees the run once its stages started, ``on_end`` once it is summarized and
+    before it is deleted (what else to read of it). Whatever happens, the stages are stopped
+    and, unless ``keep``, the run's topics, Redis keys and checkpoint deleted; the stage logs
+    only when it succeeded. Raises :class:`StageFailedError` / :class:`PipelineError`.
     """
     settings = settings or config.load()
-    with Pipeline(plan, settings, log=log) as pipeline:
-        pipeline.prepare()
-        pipeline.start_all()
-        pipeline.wait(timeout=timeout, on_progress=on_progress)
-        summary = pipeline.summary()
-        if not keep:
-            pipeline.cleanup()
-    return summary
+    summary: RunSummary | None = None
+    with Pipeline(plan, settings, log=log, environ=environ) as pipeline:
+        try:
+            pipeline.prepare()
+            pipeline.start_all()
+            if on_start is not None:
+                on_start(pipeline)
+            pipeline.wait(timeout=timeout, on_progress=on_progress)
+            summary = pipeline.summary()
+            if on_end is not None:
+                on_end(pipeline, summary)
+            return summary
+        finally:
+            # Stop what still runs before deleting the run (a failure, Ctrl-C, a timeout);
+            # a failed run's logs stay for the error message to point at.
+            pipeline.stop()
+            if not keep:
+                pipeline.cleanup(logs=summary is not None)

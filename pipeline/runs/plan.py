@@ -33,9 +33,10 @@ if TYPE_CHECKING:
 STAGES = ("work", "aggregate", "control", "group", "produce")
 
 
-def new_run_id() -> str:
-    """A fresh run id: every demo run gets its own topics and Redis keys."""
-    return f"demo-{uuid.uuid4().hex[:8]}"
+def new_run_id(prefix: str = "demo") -> str:
+    """A fresh run id, ``{prefix}-`` and 8 hex digits: every run gets its own topics and Redis
+    keys."""
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ class RunPlan:
         if not self.event_rate > 0:
             raise ValueError(f"--event-rate must be > 0, got {self.event_rate}")
         # RunKeys refuses run ids that would break key names or glob patterns.
-        from pipeline.io.state_store import RunKeys
+        from pipeline.io.redis_layout import RunKeys
 
         RunKeys(self.run_id)
         user_topic = self.user_topic()  # ExtractorSpecError is a ValueError
@@ -246,6 +247,38 @@ class RunPlan:
             spark_master=self.spark_master,
             tasks=self.tasks,
         )
+
+
+def plan_run(
+    settings: config.Settings,
+    *,
+    run_id: str | None = None,
+    run_prefix: str = "demo",
+    spark_master: str | None = None,
+    **fields: Any,
+) -> RunPlan:
+    """The checked plan of one run, the one way from options to a :class:`RunPlan`.
+
+    ``fields`` are :class:`RunPlan`'s; one given as None takes its default. The workers run on
+    ``spark_master`` (default: the settings'); the run id is ``run_id``, else a fresh
+    ``{run_prefix}-XXXXXXXX``. ValueError with one line for a bad option (a SchemeError is
+    one).
+
+    >>> plan = plan_run(config.load({}), scheme="key", records=10, rate=None, run_prefix="t")
+    >>> plan.run_id.startswith("t-"), plan.rate, plan.spark_master
+    (True, None, 'local')
+    >>> plan_run(config.load({}), scheme="key", records=0)
+    Traceback (most recent call last):
+    ...
+    ValueError: --records must be >= 1, got 0
+    """
+    plan = RunPlan(
+        run_id=run_id or new_run_id(run_prefix),
+        spark_master=spark_master or settings.spark_master,
+        **{name: value for name, value in fields.items() if value is not None},
+    )
+    plan.validate()
+    return plan
 
 
 def _number(value: float) -> str:

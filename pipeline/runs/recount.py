@@ -2,24 +2,13 @@
 
 Layer: runs.
 
-A run on a topic skewer did not write (``--input-topic``) has no ground truth from skewer's
-producers. ``skewer verify --run-id R --recount`` makes one the way a Spark user would: one
-*batch* query over the same topic, up to the offsets the run's grouping sources committed (what
-the run read), that
-
-1. extracts key and event time with the very extractor the run used
-   (:class:`pipeline.io.extractors.Extractor`, in ``mapInArrow``) and assigns the same tumbling
-   windows (:func:`pipeline.io.records.window_start`); records it cannot extract are the
-   run's dead letters;
-2. leaves out the records the run reported late (their partition and offset, from the run's
-   ``late`` topic);
-3. counts per (window, key) with Spark's own ``groupBy().count()`` -- and for a run with
-   ``--sum``, sums the extracted amounts (int64 millionths) with ``sum()`` in the same query.
-
-Every (key, window) of the recount must equal the run's final result (``result:{window}``,
-and ``resultsum:{window}`` for the sums),
-every recounted window must be final, and the records left out must be exactly the run's late
-records and dead letters. ``exact`` is all of it.
+A run on a user's topic (``--input-topic``) has no ground truth from skewer's producers.
+``skewer verify --run-id R --recount`` makes one as a Spark user would: one batch query over the
+topic up to the offsets the run's sources committed, extracting key, event time (and amount)
+with the run's own extractor, leaving out the records the run reported late, and counting per
+(window, key) with ``groupBy().count()`` (and ``sum()``). Every count must equal the run's
+final result, every recounted window must be final, and the records left out must be exactly
+the run's late records and dead letters. See docs/own-topic.md.
 
 Example (a report with one difference):
     >>> report = RecountVerification(
@@ -44,7 +33,8 @@ import pyarrow as pa
 
 from pipeline.io import kafka_io, kafka_security, records
 from pipeline.io.extractors import Extractor, format_amount
-from pipeline.io.state_store import Differences
+from pipeline.io.grouping_store import GroupingStore
+from pipeline.io.state_store import Differences, mismatch_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -105,21 +95,10 @@ class RecountVerification:
             "run_dead_letters": self.run_dead_letters,
             "missing_windows": self.missing_windows,
             "mismatch_count": self.mismatch_count,
-            "mismatches": [
-                {"window": w, "key": k.decode("utf-8", "replace"), "recount": c, "result": r}
-                for w, k, c, r in self.mismatches
-            ],
+            "mismatches": mismatch_rows(self.mismatches, "recount"),
             "sums_compared": self.sums_compared,
             "sum_mismatch_count": self.sum_mismatch_count,
-            "sum_mismatches": [
-                {
-                    "window": w,
-                    "key": k.decode("utf-8", "replace"),
-                    "recount": format_amount(c),
-                    "result": format_amount(r),
-                }
-                for w, k, c, r in self.sum_mismatches
-            ],
+            "sum_mismatches": mismatch_rows(self.sum_mismatches, "recount", format_amount),
         }
 
     def lines(self) -> list[str]:
@@ -304,9 +283,9 @@ def verify_recount(
         if extractor.amount is not None:
             got_sums = store.result_sums(window) if window in final else {}
             sum_diff.compare(window, recounted.sums.get(window, {}), got_sums)
-    client = store.client
-    run_late = sum(int(v) for v in client.hvals(names.redis_key("stats", "late_input")))
-    run_dead = sum(int(v) for v in client.hvals(names.redis_key("stats", "dead_letters")))
+    counters = GroupingStore(store.client, names.run_id)
+    run_late = sum(counters.late_per_source().values())
+    run_dead = sum(counters.dead_letters_by_reason().values())
     return RecountVerification(
         windows=len(set(counts) | final),
         keys=len(keys),

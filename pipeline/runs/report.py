@@ -2,38 +2,14 @@
 
 Layer: runs.
 
-Two parts, both reading only the run's own counters in Redis:
-
-**The timeline** is written while the run goes by :class:`pipeline.observe.timeline.TimelineSampler`
-(in the aggregator): cumulative per-worker ``records`` and ``routed`` about once a second.
-
-**The report** (:func:`write_run_report`, ``skewer report``, the end of ``skewer demo``).
-From successive samples k-1, k, the interval's per-worker loads d_k = L(k) - L(k-1) give the
-papers' figures per interval (DESIGN.md; :func:`operators.metrics.imbalance` and
-:func:`~operators.metrics.max_avg_ratio`, the one definition): I(t) = max_i d_i - avg_i d_i as a
-fraction of the interval's records, and lambda = max_i d_i / avg_i d_i; plus the cumulative
-lambda of L(k) (:func:`interval_series`, of either counter). The two per-interval figures are
-one curve on two scales, since I / sum_i d_i = (lambda - 1) / W: the top panel plots lambda
-with I(t)/records on its right axis. Intervals without records have no imbalance and are gaps.
-
-The top panel uses the *routed* counters: the load the scheme gave each worker, which is what
-the papers' I(t) measures. The processed counters per interval measure Spark instead: every
-worker applies a whole micro-batch at the end of its task, so in a one-second interval often
-one or two workers apply everything (measured in a 100,000-record PKG demo, W = 8: the
-processed records' lambda in the four seconds with applies was 8.0, 8.0, 1.87 and 4.41, in a
-run whose routed lambda was 1.13 in both seconds of routing and whose final lambda is 1.13).
-The processed records are shown as they are, per worker over time (bottom left: a worker
-that falls behind shows as a late rising line) and at the end (bottom right: the bar chart of
-``stats:records`` read when the report is made, the final loads after a finished run, with
-their average). The title carries run, scheme, W, records and the final lambda of those
-loads; after a finished run it equals the routed cumulative lambda at the end (DESIGN.md
-invariant 3). If the run had rebalances (the controller's Redis list
-``skewer:{run}:ctl:rebalances``, JSON objects with ``version``, ``published_ms``,
-``completed_ms``), each is a vertical line at its publication and a shaded span until its
-migration completed.
-
-Malformed entries of either list (not JSON, missing fields) are skipped and counted
-(:attr:`ReportData.skipped`); the command prints the count.
+It reads only the run's own counters in Redis: the timeline samples the aggregator writes
+(:mod:`pipeline.observe.timeline`), ``stats:records``, and the controller's rebalances. From
+successive samples the interval's per-worker loads give the papers' figures per interval
+(:func:`operators.metrics.imbalance`, :func:`~operators.metrics.max_avg_ratio`): the top panel
+plots lambda of the *routed* counters (the load the scheme gave each worker) with I(t) on its
+right axis; the bottom panels show the processed records per worker over time and at the end.
+Rebalances are vertical lines with a shaded span until their migration completed. Malformed
+entries are skipped and counted (:attr:`ReportData.skipped`). See docs/metrics.md.
 
 Example (three samples of two workers, one second apart):
     >>> samples = [Sample(0, (0, 0), (0, 0)), Sample(1000, (30, 10), (30, 10)),
@@ -60,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from operators.metrics import imbalance, load_figures, max_avg_ratio
-from pipeline.io.state_store import RunKeys, StateStore
+from pipeline.io.redis_layout import RunKeys
+from pipeline.io.state_store import StateStore
 from pipeline.observe.timeline import Sample, timeline_key
 
 if TYPE_CHECKING:
@@ -74,7 +51,7 @@ FIGURE_DPI = 100
 
 def rebalances_key(run_id: str) -> str:
     """``skewer:{run}:ctl:rebalances``: the controller's list of rebalances."""
-    return f"{RunKeys(run_id).prefix}ctl:rebalances"
+    return RunKeys(run_id).ctl_rebalances
 
 
 class ReportError(Exception):
@@ -207,7 +184,7 @@ def load_report_data(client: redis_module.Redis, run_id: str, scheme: str) -> Re
     if workers == 0:
         raise ReportError(
             f"run {run_id!r} has no timeline samples and no worker counters in Redis "
-            f"({store.keys.prefix}stats:*)"
+            f"({store.keys.stats('*')})"
         )
     rebalances, bad_rebalances = _parse_list(
         client.lrange(rebalances_key(run_id), 0, -1), Rebalance.from_json

@@ -1,9 +1,10 @@
 """What one run measured: throughput, latency, imbalance, exactness; as lines or as JSON.
 
+Layer: runs.
+
 :meth:`pipeline.runs.orchestrator.Pipeline.summary` reads the figures from Redis and Kafka
 after a run; :class:`RunSummary` holds them and prints them (``skewer demo``'s closing lines,
 or one JSON object with ``--json``). The definitions are in the orchestrator's docstring.
-(layer: runs)
 """
 
 from __future__ import annotations

@@ -2,21 +2,11 @@
 
 Layer: runs.
 
-DESIGN.md's first invariant -- nothing lost, nothing doubled -- checked on the Redis state of
-one run (``skewer:{run_id}:``), after its aggregator finished:
-
-1. for every window of ``truth:*`` or ``windows:final`` and every key of either hash,
-   ``result:{window}[key] == truth:{window}[key]`` (a key missing on one side counts as 0; the
-   comparison itself is :meth:`pipeline.io.state_store.StateStore.verify`, the one implementation);
-2. every window of the truth is final (in ``windows:final``): a window that never closed would
-   otherwise show up only as a wall of mismatches;
-3. no partial state is left (``state:*``): the aggregator freed every window it merged;
-4. the counts add up: the truth's records equal what the producers acknowledged
-   (``producer:{p}:sent``) and what the results hold.
-
-``exact`` is all four. Late records (``stats:late``: a worker saw a record of a window the
-aggregator had already closed) are reported too; they cannot hide, because a late record is
-missing from the result and so is a mismatch.
+Nothing lost, nothing doubled (docs/design.md#exactness-invariants), checked on one run's Redis
+state after its aggregator finished: every (key, window) of ``truth:*`` or ``windows:final``
+equal on both sides (:meth:`pipeline.io.state_store.StateStore.verify`); every window of the
+truth final; no partial state left; the truth's records equal what the producers acknowledged
+and what the results hold. ``exact`` is all four; late records are reported too.
 
 Example (the report of a run with one wrong count):
     >>> report = RunVerification(
@@ -103,15 +93,14 @@ class RunVerification:
         return out
 
     def as_dict(self) -> dict[str, object]:
+        from pipeline.io.state_store import mismatch_rows
+
         return {
             "exact": self.exact,
             "windows": self.windows,
             "keys": self.keys,
             "mismatch_count": self.mismatch_count,
-            "mismatches": [
-                {"window": w, "key": k.decode("utf-8", "replace"), "truth": t, "result": r}
-                for w, k, t, r in self.mismatches
-            ],
+            "mismatches": mismatch_rows(self.mismatches, "truth"),
             "missing_windows": self.missing_windows,
             "leftover_state": self.leftover_state,
             "late_records": self.late_records,
@@ -123,13 +112,7 @@ class RunVerification:
 
 def produced_records(store: StateStore) -> int:
     """Records the producers of the run acknowledged (sum of ``producer:{p}:sent``)."""
-    # Run ids hold no glob characters (RunKeys refuses them), so the prefix matches literally.
-    keys = sorted(store.client.scan_iter(match=f"{store.keys.prefix}producer:*:sent"))
-    return sum(int(value) for value in store.client.mget(keys) if value is not None) if keys else 0
-
-
-def _sum_hash(store: StateStore, name: str) -> int:
-    return sum(int(v) for v in store.client.hvals(name))
+    return store.produced_records()
 
 
 def verify_run(store: StateStore, max_reported: int = MAX_REPORTED) -> RunVerification:
@@ -137,8 +120,8 @@ def verify_run(store: StateStore, max_reported: int = MAX_REPORTED) -> RunVerifi
     compared = store.verify(max_mismatches=max_reported)
     truth_windows = store.truth_windows()
     final = set(store.final_windows())
-    truth_records = sum(_sum_hash(store, store.keys.truth(w)) for w in truth_windows)
-    result_records = sum(_sum_hash(store, store.keys.result(w)) for w in sorted(final))
+    truth_records = sum(sum(store.truth(w).values()) for w in truth_windows)
+    result_records = sum(sum(store.result(w).values()) for w in sorted(final))
     return RunVerification(
         windows=compared.windows,
         keys=compared.keys,
@@ -147,7 +130,7 @@ def verify_run(store: StateStore, max_reported: int = MAX_REPORTED) -> RunVerifi
         produced_records=produced_records(store),
         missing_windows=[w for w in truth_windows if w not in final],
         leftover_state=len(store.state_keys()),
-        late_records=_sum_hash(store, store.keys.stats("late")),
+        late_records=int(store.per_worker_total("late")),
         mismatches=compared.mismatches,
         mismatch_count=compared.mismatch_count,
     )

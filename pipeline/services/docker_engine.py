@@ -1,30 +1,15 @@
 """Debian's Docker engine as a local process, only when asked, and the Compose v2 plugin.
 (layer: services)
 
-``skewer services up --docker`` runs ``dockerd`` from Debian's ``docker.io`` package
-(installed the way deploy/install-system.sh installs every Debian package, the first time it
-is missing) with everything it writes under ``.cache/run/docker/``: its images and volumes
-(``--data-root``), its runtime state and the ``containerd`` it spawns (``--exec-root``) and its
-pid file. It listens on the socket of ``DOCKER_HOST`` when that is a ``unix://`` URL, else on
-Docker's default ``/var/run/docker.sock``. An engine that answers there already is someone
-else's: it is reported as ``external``, and nothing is installed, started or stopped for it.
-A plain ``up`` starts one only to bring back the one an ``up --docker`` started: an engine on
-the default socket switches the integration tests to testcontainers (tests/conftest.py), which
-must happen only when asked.
-
-``down`` stops exactly the ``dockerd`` ``up`` started (its containers with it), then what it
-left behind: a ``containerd`` or shim that outlived it (after a SIGKILL), and what dockerd
-never takes back itself, even on a clean SIGTERM (seen with Debian's 20.10): its bridges, its
-iptables chains and rules, the FORWARD policy it set to DROP and the forwarding it turned on,
-and empty folders under /run; only what was not there before it started (:func:`host_state`,
-taken before the start, says which).
-
-The same install step builds the Compose v2 plugin from the Go module proxy
-(``go install github.com/docker/compose/v2/cmd@v2.29.7``), with Go's module and build caches
-under ``.cache/go``, and copies it to ``.cache/docker-config/cli-plugins/docker-compose``;
-skewer's own ``docker`` calls take :func:`client_environment`, and a shell uses the same engine
-and plugin after ``export DOCKER_HOST=unix://SOCKET DOCKER_CONFIG=$PWD/.cache/docker-config``
-(what ``up --docker`` prints), or with the plugin copied to ``~/.docker/cli-plugins/``.
+``skewer services up --docker`` runs ``dockerd`` from Debian's ``docker.io`` (installed on
+first use like every Debian package, deploy/install-system.sh) with all it writes under
+``.cache/run/docker/``, on the socket of a ``unix://`` ``DOCKER_HOST``, else Docker's default.
+An engine already answering there is someone else's (``external``): left alone. A plain ``up``
+starts one only to bring back the one an ``up --docker`` started, since an engine on the
+default socket switches the integration tests to containers (docs/testing.md). ``down`` stops
+exactly that ``dockerd`` and what it left behind that was not there before
+(:func:`host_state`). The Compose plugin is built from the Go module proxy into
+``.cache/docker-config/cli-plugins/`` (:func:`client_environment`; docs/compose.md).
 
 Example (no process is started):
     >>> from pipeline.io import config
@@ -196,7 +181,7 @@ def go_environment(settings: Settings, environ: Mapping[str, str] | None = None)
     """The environment of the Compose build: Go's folders under ``.cache/go``.
 
     ``-mod=mod`` lets ``go install module@version`` resolve the module's dependencies itself
-    (checked by issue 14: without it the build stops); ``-modcacherw`` leaves the module cache
+    (without it the build stops); ``-modcacherw`` leaves the module cache
     writable, so a user without root can ``rm -rf .cache`` (Go makes it read-only otherwise).
     ``CGO_ENABLED=0`` gives a static binary, as Docker's own releases are, and needs no C
     compiler.

@@ -149,7 +149,7 @@ class KafkaService(NativeService):
         # Skewer's own broker speaks plaintext; a cluster of the user's that answers through the
         # environment's SASL or TLS settings (pipeline.io.kafka_security) is one too, external.
         security = kafka_security.from_environ()
-        if security.protocol != "PLAINTEXT" and kafka_answers(self.address, timeout, security):
+        if not security.plaintext and kafka_answers(self.address, timeout, security):
             return True
         return kafka_answers(self.address, timeout, kafka_security.KafkaSecurity())
 

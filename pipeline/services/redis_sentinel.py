@@ -1,22 +1,13 @@
 """Redis with failover as local processes: 2 replicas of the native Redis and 3 sentinels.
 (layer: services)
 
-``skewer services up --redis-sentinel`` runs, beside the native Redis (the primary,
-:mod:`pipeline.services.redis_server`), ``redis-replica-1`` and ``-2`` (Debian's
-``redis-server``, ``replicaof`` the primary, with their own append-only files, on the Redis
-port plus 1 and 2) and ``redis-sentinel-1..3`` (``redis-server --sentinel``: the Debian
-``redis-server`` package runs Sentinel mode, the ``redis-sentinel`` package only adds a link
-to it), on ``SKEWER_REDIS_SENTINEL``'s port plus 0, 1 and 2, monitoring the primary as service
-``skewer`` with quorum 2. Two replicas, because a failover promotes one, and a primary left
-without a replica would block every ``WAIT`` of the workers' applies. A primary that does not
-answer for 1 s is down (``down-after-milliseconds``), and a failover takes ~3 s; clients reach
-the promoted replica through ``Settings.redis_sentinel_url``.
-
-Each sentinel's configuration is written afresh whenever it starts, naming the ``redis``
-service as the primary and the other replicas and sentinels as known (fixed ids), so a set
-started together knows its members at once instead of discovering them over ~10 s. Sentinel
-rewrites the file while it runs; a sentinel restarted alone learns the current primary from
-the others (its configuration epoch is behind theirs). Everything binds to 127.0.0.1.
+``skewer services up --redis-sentinel`` runs, beside the native Redis (the primary), two
+replicas (``replicaof`` it, on its port plus 1 and 2) and three sentinels
+(``redis-server --sentinel``, on ``SKEWER_REDIS_SENTINEL``'s port plus 0-2) watching service
+``skewer`` with quorum 2, all on 127.0.0.1. Two replicas, since a primary left without one would
+block every ``WAIT`` of the workers' applies; clients reach the promoted replica through
+``Settings.redis_sentinel_url`` (docs/design.md#redis-pitfalls). Each sentinel's configuration
+names every member when it starts (:meth:`RedisSentinelService.prepare`).
 
 Example (no process is started):
     >>> from pipeline.io import config
@@ -122,6 +113,10 @@ class RedisSentinelService(NativeService):
         self._require_binary("redis-server")
 
     def prepare(self) -> None:
+        """Write the configuration afresh: the primary, and the other replicas and sentinels as
+        known (fixed ids), so a set started together knows its members at once instead of
+        discovering them over ~10 s. Sentinel rewrites the file while it runs; one restarted
+        alone learns the current primary from the others (its configuration epoch is behind)."""
         super().prepare()
         service = config.REDIS_SENTINEL_SERVICE
         primary = f"{self.settings.redis_host} {self.settings.redis_port}"

@@ -2,34 +2,13 @@
 
 Layer: stages.
 
-A window ``[start, start + L)`` is final when the pipeline's watermark -- the minimum over the W
-workers of ``wm:{worker}`` -- is at least ``start + L - 1 + lateness``
-(:func:`operators.windows.closable_windows`). Then, per window, in this order:
-
-1. :meth:`~pipeline.io.state_store.StateStore.close_window` freezes it (later records of it count
-   as late) and reads the W partial states;
-2. :func:`~operators.windows.merge_partials` and :func:`~operators.windows.top_k` (pure);
-3. :meth:`~pipeline.io.state_store.StateStore.finalize_window` writes ``result:{window}`` and
-   ``topk:{window}``, deletes the partials and adds the window to ``windows:final``: one Lua
-   script, guarded by that set;
-4. the window's record goes to topic ``results`` and, once Kafka acknowledged it, the window
-   joins ``windows:published``.
-
-A crash anywhere leaves a state the next pass completes without doing anything twice: before
-3 the partials are intact (and frozen), so the merge is simply redone; after 3 the window is
-final, so only the publication (4) is redone from ``result:{window}``. A crash between Kafka's
-acknowledgement and step 4 publishes a window twice; the two records are identical (same key,
-same content, a function of the final counts), so a reader keyed by window sees one result.
-
-Records of ``results``: Kafka key = the window start in ASCII; value = JSON
-``{"run_id", "window", "window_end", "records", "distinct_keys", "top_k": [[key, count], ...],
-"counts": {key: count}, "part", "parts"}``, and for a run with ``--sum`` also ``"sums": {key:
-"decimal"}`` -- each key's sum as exact decimal text (:func:`pipeline.io.extractors.
-format_amount`; a JSON number would be a double, and a double cannot hold every sum of
-millionths exactly). Keys are UTF-8 text (undecodable bytes as
-surrogate escapes, :func:`~pipeline.io.state_store.key_text`). A window whose counts would
-not fit one Kafka message is split into ``parts`` records of at most
-:data:`KEYS_PER_RECORD` keys each; every part carries the top-k.
+A window is final when the pipeline's watermark (the minimum of the workers' ``wm:{worker}``)
+has passed its end plus the lateness (:func:`operators.windows.closable_windows`). Then, per
+window: close it and read the partials (one MULTI), merge and take the top-k (pure), finalize
+(one guarded Lua script: result, top-k, partials freed, ``windows:final``), and publish its
+record to ``results`` (``windows:published`` once Kafka acknowledged it). A crash anywhere
+leaves a state the next pass completes without doing anything twice
+(docs/design.md#closing-a-window). Records of ``results``: :func:`result_records`.
 
 Example (the records of one window):
     >>> [(key, json.loads(value)["counts"]) for key, value in result_records(

@@ -2,29 +2,15 @@
 
 Layer: stages.
 
-Each interval the controller opens a statistics round (:mod:`pipeline.stages.control_plane`), waits
-until every source has reported (or ``report_wait`` seconds), merges the reports
-(:meth:`~operators.base.KeyStatistics.merge`) and measures the interval's imbalance with the
-scheme's own measure against its own tolerance -- Fang et al.'s θ = (L_max − L̄)/L̄ against
-θ_max, Gedik's max/min load against α (:meth:`~operators.base.TableScheme.within_tolerance`).
-When the tolerance is exceeded it calls the scheme's pure ``plan`` -- the very code the
-simulator runs (:mod:`operators.simulator`) -- on a planner object that holds the table in
-force, and publishes the new table with the next version number together with its
-migration, in one MULTI. Between intervals it drives the running migration: for every old
-worker that has drained it runs the MIGRATE script, and once all have, COMPLETE.
-
-Outcomes of an interval (``ctl:intervals``, and the metric
-``skewer_controller_intervals_total{outcome}``): ``balanced`` (within tolerance, or a plan
-that moves nothing), ``rebalanced`` (published a table the algorithm calls feasible),
-``infeasible`` (published the algorithm's best table, which it says misses the tolerance),
-``migrating`` (a migration still runs: not planned, see control_plane), ``no-statistics``
-(no source reported).
-
-Restart after a crash (``kill -9``): the controller reads ``ctl:current`` -- the newest
-version, the open round, the running migration -- installs the table in force into its
-planner and goes on; the scripts it drives are atomic and guarded, so nothing is done twice.
-What a restart forgets is planner history (Fang's window of past intervals): the next plan
-sees one interval only.
+Each interval the controller opens a statistics round, waits for every source's report (or
+``report_wait`` seconds), merges them and measures the imbalance with the scheme's own measure
+against its own tolerance (:meth:`~operators.base.TableScheme.within_tolerance`). Beyond it, it
+calls the scheme's pure ``plan`` -- the code the simulator runs -- and publishes the new table
+with its migration in one MULTI; between intervals it drives the running migration (MIGRATE
+per drained old worker, then COMPLETE: :mod:`pipeline.io.control_store`). Outcomes of an
+interval (``ctl:intervals``, ``skewer_controller_intervals_total{outcome}``): ``balanced``,
+``rebalanced``, ``infeasible``, ``migrating``, ``no-statistics``. After a crash it reads
+``ctl:current`` and goes on; nothing is done twice. See docs/design.md#migration-protocol.
 
 Example (what the controller publishes for a plan: the moves of each old worker):
     >>> import numpy as np

@@ -3,37 +3,12 @@ watermark from the data, and late records kept rather than dropped.
 
 Layer: stages.
 
-``skewer group --input-topic T --key ... --time ...`` reads topic T as it is: JSON, CSV or plain
-bytes, keyed and timed by the user's own fields (:mod:`pipeline.io.extractors`). Source ``s``
-reads partition ``s`` of T, so a topic of P partitions is P sources. What changes against
-skewer's own format (:mod:`pipeline.stages.grouping`) is only where a record's key and event
-time come from and where its watermark comes from; routing, the ``work`` topic, the workers
-and the exactly-once transaction are the same. Each routed record's ``work`` value is the
-36-byte header (event time, input partition and offset, source, routing-table version)
-followed by the user's value, byte for byte (:func:`pipeline.io.records.work_headers`).
-
-The watermark (:class:`DataWatermark`) is what Flink's ``forBoundedOutOfOrderness`` and
-Spark's ``withWatermark`` define: the highest event time the source has seen minus a bound,
-``--max-out-of-order`` (5 s by default). A record whose window has closed by the time it is
-read -- its window's last millisecond plus ``--lateness-ms`` is at or below the watermark the
-source already forwarded -- is late (:func:`late_rows`): the workers may have merged that window
-already, so it is not routed. It is written, whole and with its reason, to the run's ``late``
-topic and counted (``stats:late_input``, ``skewer_grouping_late_records_total``, the run
-summary). Since the workers' watermark is the minimum over the sources of what each forwarded,
-a record that is not late at its source is always counted before its window closes: lateness is
-decided in one place, so late records are accounted for exactly.
-
-An idle source must not hold every window open: a partition that gets no records (a quiet
-producer, or no records at all) would keep the minimum down forever. After ``--idle-timeout``
-(10 s by default; 0 = never) without a record, the source raises its watermark to the highest
-one any other source forwarded (``sources:watermark`` in Redis). That leaves the workers' minimum
-as if the idle source were not there (Flink marks such a source idle for the same reason), and
-a record it reads later, older than what it forwarded, is late by the rule above, not lost.
-
-A bounded run (``--until-end``) reads what the topic holds when the run starts, like Spark's
-``availableNow`` trigger: each source notes its partition's end offset (kept in the committed
-offset's metadata, so a restart keeps the same end) and forwards END_OF_STREAM once its
-position reaches it.
+``skewer group --input-topic T --key ... --time ...`` reads topic T as it is (JSON, CSV or plain
+bytes; :mod:`pipeline.io.extractors`); source ``s`` reads partition ``s``. :class:`UserTopic`
+is how a run reads it; :class:`DataWatermark` is the highest event time seen minus
+``--max-out-of-order``; a record whose window closed at the watermark its source already
+forwarded is late (:func:`late_rows`) and goes, whole, to topic ``late`` (:func:`late_value`).
+Design: docs/design.md#watermarks-and-late-records.
 
 Example (a source's watermark and which records are late):
     >>> import numpy as np
@@ -58,6 +33,7 @@ import numpy as np
 
 from pipeline.io import extractors
 from pipeline.io.extractors import Extractor
+from pipeline.io.grouping_store import GroupingStore
 from pipeline.io.kafka_io import RunNames
 from pipeline.io.records import END_OF_STREAM, window_start
 
@@ -115,13 +91,13 @@ def record(client: redis.Redis, topic: UserTopic, names: RunNames) -> None:
     """Keep in Redis (``input``) how the run reads ``topic``: the workers' ``--sum``,
     ``skewer work``'s source count and ``skewer verify --recount`` read it back
     (:func:`recorded`). The grouping stage records it before it routes anything."""
-    client.set(names.redis_key("input"), describe(topic, names))
+    GroupingStore(client, names.run_id).record_input(describe(topic, names))
 
 
 def recorded(client: redis.Redis, run_id: str) -> tuple[UserTopic, str] | None:
     """How run ``run_id`` reads a user's topic, and its topic prefix, as :func:`record` kept
     it; None for a run on skewer's own producers (or before its grouping stage started)."""
-    described = client.get(RunNames(run_id=run_id).redis_key("input"))
+    described = GroupingStore(client, run_id).recorded_input()
     return None if described is None else restore(described)
 
 
@@ -147,7 +123,7 @@ def restore(text: str | bytes) -> tuple[UserTopic, str]:
 class ForwardedWatermark:
     """What a source's watermark does with its :meth:`current` value: forward it once it rose,
     and say when it forwarded END_OF_STREAM. Shared by this module's :class:`DataWatermark` and
-    the grouping stage's watermark of skewer's producers; each declares ``forwarded``."""
+    :class:`pipeline.stages.input_formats.SourceWatermark`; each declares ``forwarded``."""
 
     forwarded: int
 

@@ -1,49 +1,20 @@
-"""The compose stack end to end (issue 14, point 3): docker-compose.yml built and run as a user
-runs it, under two schemes one after the other, every count exact; Prometheus in the stack
-scrapes every skewer service and records the imbalance; nothing of the project is left after
-``down -v``.
+"""The compose stack end to end: docker-compose.yml built and run as a user runs it, under two
+schemes one after the other, every count exact; Prometheus in the stack scrapes every skewer
+service and records the imbalance; nothing of the project is left after ``down -v``.
 
-What it runs, with Compose v2 and the file unchanged, under a project name of its own
-(``-p skewer-test-<session>``, the session's pid, start time and a random part, so that a later
-session removes what a killed one left) and an env file of its own (the two passwords, random;
-a small run):
+Under a project name and an env file of its own (:func:`session_name`, random passwords, a
+small run), with Compose v2 and the file unchanged, it runs ``docker compose build`` (the
+classic builder, as ``skewer images build --local``), then docs/compose.md's ``up -d
+prometheus producer`` under ``pkg`` and again under ``mixed`` with a new ``RUN_ID`` (compose
+recreates skewer's services only); each run must pass ``skewer verify``'s check from the host.
+Then Prometheus's ``skewer`` job must have had its five stage targets up and the imbalance
+series of both runs (:data:`IMBALANCE_SERIES`), and ``down -v``, pass or fail, must leave no
+container, volume or network of the project.
 
-1. ``docker compose ... build``: skewer's image from deploy/Dockerfile, with Docker's classic
-   builder (``DOCKER_BUILDKIT=0``), the one ``skewer images build --local`` uses, so that the
-   layers it built are reused (seconds when the image is up to date).
-2. ``GROUPING_SCHEME=pkg RUN_ID=<r1> docker compose ... up -d prometheus producer``: the default
-   stack without Grafana, which has no local image (``STACK_WITHOUT_GRAFANA``); compose starts
-   what the two depend on, Kafka, Redis and skewer's group, work, aggregate and control. The
-   producer sends ``RECORDS`` records paced at ``RATE``/s (about 15 s: two or three 10 s
-   windows) and exits. The run must then be exact by ``skewer verify``'s check, read from the
-   host through Redis's published port (:func:`pipeline.runs.verify.verify_run`, then the
-   command itself): every (key, window) count equals the producers' ground truth, every window
-   of the truth is final, no partial state is left, and truth = results = records the producers
-   sent = ``RECORDS``.
-3. The same ``up -d`` with ``GROUPING_SCHEME=mixed`` and a new ``RUN_ID`` (the README's scheme
-   switch): compose recreates skewer's services, whose commands changed, and keeps Kafka, Redis
-   and Prometheus; mixed is a routing-table scheme, so the controller runs this time. The same
-   check.
-4. Prometheus in the stack, through its published port: its ``skewer`` job has exactly the five
-   stage targets and each of them was up during the mixed run (the controller's is down under
-   pkg: it exits at once for a scheme without a routing table), and the imbalance series
-   exist for both runs: the work stage's gauges ``skewer_imbalance_fraction`` and
-   ``skewer_load_max_over_avg`` and the recording rules' ``skewer:imbalance_fraction:rate1m`` and
-   ``skewer:load_max_over_avg:rate1m``.
-5. ``docker compose ... down -v`` at the end, pass or fail; then no container, volume or
-   network of the project may remain.
-
-The published ports go to a loopback address of the test's own (``SKEWER_BIND_ADDRESS`` =
-127.x.y.z, drawn at random): the stack's host ports are the native services' (19092, 16379,
-19090), so on 127.0.0.1 they would collide with native services or with another run of this
-test. Variables of docker-compose.yml set in the caller's environment are dropped for the
-stack, the image names aside: as for the test fixtures, ``SKEWER_TEST_IMAGES=local`` adds
-``--env-file deploy/images/local.env`` (the stand-ins ``skewer images build --local`` builds,
-where no registry can be reached), and ``KAFKA_IMAGE`` and the like set in the environment win.
-
-Runs when a Docker engine answers (``DOCKER_HOST``, else Docker's default socket) and the
-Compose plugin is present (``DOCKER_CONFIG``, else the one ``skewer services up docker`` builds
-into .cache/docker-config); skips with the reason otherwise.
+Published ports go to a random loopback address of the test's own
+(:func:`free_loopback_address`), as the stack's host ports are the native services'.
+``SKEWER_TEST_IMAGES=local`` adds deploy/images/local.env, as for the test fixtures. Skips with
+the reason unless a Docker engine answers and the Compose plugin is present (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -177,19 +148,19 @@ def free_loopback_address() -> str:
     raise AssertionError("no loopback address with the stack's ports free")
 
 
-def readme_command(
+def documented_command(
     docker: str, project: str, env_file: Path, local: bool
 ) -> tuple[list[str], list[str]]:
-    """The README's command that starts the stack without Grafana (``COMPOSE_UP_LOCAL``), as
+    """docs/compose.md's command that starts the stack without Grafana (``COMPOSE_UP_LOCAL``), as
     (the ``docker compose`` part, the ``up`` part), with the test's project name, compose file
     and env file in place of ``.env``; without ``local``, without deploy/images/local.env.
 
-    >>> base, up = readme_command("docker", "p", Path("/t/s.env"), local=True)
+    >>> base, up = documented_command("docker", "p", Path("/t/s.env"), local=True)
     >>> " ".join(base[2:])
     '-p p -f .../docker-compose.yml --env-file /t/s.env --env-file deploy/images/local.env'
     >>> " ".join(up)
     'up -d prometheus producer'
-    >>> " ".join(readme_command("docker", "p", Path("/t/s.env"), local=False)[0][-2:])
+    >>> " ".join(documented_command("docker", "p", Path("/t/s.env"), local=False)[0][-2:])
     '--env-file /t/s.env'
     """
     words = shlex.split(docker_images.COMPOSE_UP_LOCAL)
@@ -250,7 +221,7 @@ class Stack:
         docker = shutil.which("docker")
         assert docker is not None
         self.docker = docker
-        self.base, self.up = readme_command(
+        self.base, self.up = documented_command(
             docker,
             project,
             env_file,

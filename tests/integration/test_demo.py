@@ -1,9 +1,10 @@
 """`skewer demo`: the whole pipeline through its real entry points, and its failures at start.
 
-The acceptance command of issue 4 -- ``skewer demo --scheme pkg --records 100000 --verify
---json`` -- runs produce, group, work (its own Spark) and aggregate as subprocesses. Its
-per-worker loads are checked against PKG written out by hand (two MurmurHash3 choices, seeds 13
-and 17, the less loaded by this source's own counts, ties to the first: DESIGN.md, PKG §III).
+The acceptance command -- ``skewer demo --scheme pkg --records 100000 --verify --json`` --
+runs produce, group, work (its own Spark) and aggregate as subprocesses. Its per-worker loads
+are checked against PKG written out by hand (two MurmurHash3 choices, seeds 13 and 17, the less
+loaded by this source's own counts, ties to the first: Nasir et al., The Power of Both Choices,
+ICDE 2015, §III).
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ def test_a_service_that_does_not_answer_is_started_for_the_run_and_stopped_after
 ) -> None:
     from live_runs import free_port
 
-    from pipeline.runs.orchestrator import ensure_services
+    from pipeline.runs.service_lease import ensure_services
 
     port = free_port()
     # A private Redis (own port and run directory) beside the session's services.

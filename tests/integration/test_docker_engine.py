@@ -5,7 +5,7 @@ bridges, iptables rules).
 
 Skipped unless SKEWER_TEST_DOCKER_ENGINE=1: the first run installs Debian's docker.io as root and
 builds the Compose plugin from the Go module proxy (minutes), and `make test` must not start a
-Docker engine unasked (issue 14). The engine listens on a socket in the test's own folder, never
+Docker engine unasked. The engine listens on a socket in the test's own folder, never
 on Docker's default one, where the test session looks for an engine to run the integration
 tests on (tests/conftest.py); the Compose build stays in the checkout's `.cache/go`, so only the
 first run builds it.

@@ -1,6 +1,6 @@
 """The live pipeline end to end, on real Kafka, Redis and Spark: exact counts, faults, bad input.
 
-Exactness (issue 4): 100,000 records of Zipf z = 1.2 over 5 windows of 5 s, for each of key,
+Exactness: 100,000 records of Zipf z = 1.2 over 5 windows of 5 s, for each of key,
 shuffle, pkg, d-choices, w-choices, fish and consistent; every final (key, window) count must
 equal the ground truth. How it stays within budget: Spark's start-up (a JVM, then Python
 workers) dominates, so the seven runs share one Spark application -- the test session's
@@ -20,7 +20,6 @@ shuffle runs' per-worker loads against MurmurHash3 and round robin written out b
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +34,7 @@ from live_runs import (
     kill_group_and_work_mid_run,
     run_of,
     shared_spark_run,
+    start_worker_query,
 )
 
 from pipeline.io import config, kafka_io, records
@@ -68,7 +68,7 @@ def run_with_shared_spark(plan: RunPlan, settings: config.Settings, spark: Any) 
         truth: Counter[bytes] = Counter()
         for window in store.truth_windows():
             truth.update(store.truth(window))
-        routed = store.client.hgetall(plan.names.redis_key("stats", "routed"))
+        routed = store.client.hgetall(store.keys.stats("routed"))
         outcome = Outcome(
             plan,
             pipeline.summary(),
@@ -169,8 +169,6 @@ def test_bad_records_go_to_dead_letters_and_valid_ones_are_counted_exactly(
     into ``keys``; the producers' truth is computed here with ``Counter``."""
     from confluent_kafka import Producer
 
-    from pipeline.stages import worker_job
-
     plan = RunPlan(
         scheme="pkg", records=1, workers=4, sources=2, run_id=f"e2e-bad-{new_run_id()[5:]}"
     )
@@ -242,20 +240,10 @@ def test_bad_records_go_to_dead_letters_and_valid_ones_are_counted_exactly(
             )
         assert producer.flush(60) == 0
 
-        failure: list[BaseException] = []
-
-        def work() -> None:
-            try:
-                worker_job.run(plan.work_options(settings), spark)
-            except BaseException as error:
-                failure.append(error)
-
-        worker = threading.Thread(target=work, daemon=True)
-        worker.start()
+        join_workers = start_worker_query(plan, settings, spark)
         pipeline.start_all(["aggregate", "group"])
         pipeline.wait(["group"], timeout=RUN_TIMEOUT)
-        worker.join(RUN_TIMEOUT)
-        assert not failure and not worker.is_alive()
+        join_workers(RUN_TIMEOUT)
         pipeline.wait(timeout=60)
         summary = pipeline.summary()
 

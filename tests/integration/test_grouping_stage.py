@@ -27,6 +27,7 @@ import pytest
 from operators.simulator import Router
 from pipeline.io import kafka_io
 from pipeline.io.records import END_OF_STREAM, MAX_KEY_BYTES, Kind, decode_work, encode_input
+from pipeline.io.redis_layout import RunKeys
 from pipeline.stages import grouping
 from producers import kafka_producer
 from producers.workloads import parse
@@ -47,7 +48,7 @@ def run_names(kafka: str, redis: object) -> Iterator[kafka_io.RunNames]:
     tag = uuid.uuid4().hex[:8]
     names = kafka_io.RunNames(run_id=f"stage-{tag}", topic_prefix=f"test-stage-{tag}-")
     yield names
-    for key in redis.scan_iter(match=names.redis_key("*")):  # type: ignore[attr-defined]
+    for key in redis.scan_iter(match=RunKeys(names.run_id).pattern):  # type: ignore[attr-defined]
         redis.delete(key)  # type: ignore[attr-defined]
     kafka_io.delete_topics(
         kafka, [names.keys_topic, names.work_topic, names.dead_letters_topic, names.results_topic]
@@ -166,7 +167,7 @@ def test_kill_9_mid_run_then_restart_is_exactly_once(
     ]  # fmt: skip
     env = skewer_env(kafka, url)
     first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    stats = [run_names.redis_key("stats", "source", s) for s in range(sources)]
+    stats = [RunKeys(run_names.run_id).source_stats(s) for s in range(sources)]
 
     def counted() -> int:
         return sum(int(redis.hget(k, "records") or 0) for k in stats)  # type: ignore[attr-defined]
@@ -206,7 +207,7 @@ def test_kill_9_mid_run_then_restart_is_exactly_once(
     # the counters are exact too: each input record counted once across the crash
     per_source = [int(redis.hget(k, "records")) for k in stats]  # type: ignore[attr-defined]
     assert per_source == [100_000 + 5, 100_000 + 5]  # DATA + 4 window watermarks + EOS
-    routed = redis.hgetall(run_names.redis_key("stats", "routed"))  # type: ignore[attr-defined]
+    routed = redis.hgetall(RunKeys(run_names.run_id).stats("routed"))  # type: ignore[attr-defined]
     assert sum(int(v) for v in routed.values()) == records
     uncommitted = kafka_io.read_topic(kafka, run_names.work_topic, read_committed=False)
     raw, _ = decode_work([r.value for r in uncommitted])
@@ -283,7 +284,7 @@ def test_bad_input_goes_to_dead_letters_and_valid_records_flow(
         assert letter.key == key or (key is None and letter.key is None)
         restored = base64.b64decode(body["value_b64"]) if body["value_b64"] is not None else None
         assert restored == original
-    counters = redis.hgetall(run_names.redis_key("stats", "dead_letters"))  # type: ignore[attr-defined]
+    counters = redis.hgetall(RunKeys(run_names.run_id).stats("dead_letters"))  # type: ignore[attr-defined]
     assert {k.decode(): int(v) for k, v in counters.items()} == {
         "no-key": 2, "key-too-large": 1, "undecodable-value": 3, "wrong-kind": 2,
     }  # fmt: skip

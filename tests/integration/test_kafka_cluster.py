@@ -1,4 +1,4 @@
-"""Kafka as a cluster of three KRaft nodes (issue 13, point 2): the demo on it, its fault tests,
+"""Kafka as a cluster of three KRaft nodes: the demo on it, its fault tests,
 and a replication it cannot meet.
 
 ``skewer services up --kafka-brokers 3`` runs three combined broker-and-controller nodes
@@ -6,7 +6,7 @@ and a replication it cannot meet.
 folder of the module's own, beside the test session's one broker. Topics get three replicas,
 two in sync, and so do the offsets and the transaction state.
 
-- The acceptance run (issue 13, acceptance 2) is the README's: ``skewer services up
+- The acceptance run is docs/cluster.md's: ``skewer services up
   --spark-workers 2 --kafka-brokers 3``, then ``skewer demo --spark-master spark://... --verify``,
   then ``skewer services down``, each a subprocess.
 - The fault tests kill -9 the broker that coordinates the grouping stage's transactions
@@ -115,10 +115,10 @@ def topic_replicas(bootstrap: str, topic: str) -> set[int]:
     return {len(partition.replicas) for partition in partitions.values()}
 
 
-def test_the_readme_cluster_runs_the_demo_exactly(
+def test_the_documented_cluster_runs_the_demo_exactly(
     settings: config.Settings, tmp_path: Path
 ) -> None:
-    """README, "Run on a cluster": ``services up --spark-workers 2 --kafka-brokers 3``, then the
+    """docs/cluster.md's run: ``services up --spark-workers 2 --kafka-brokers 3``, then the
     demo on the standalone master with ``--verify``; every (key, window) count exact, and
     ``services down`` stops what ``up`` started."""
     environ = cluster_environ(settings, tmp_path / "run")

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from operators.metrics import imbalance, max_avg_ratio
 from pipeline.io import config
+from pipeline.io.grouping_store import GroupingStore
 from pipeline.runs.orchestrator import Pipeline
 from pipeline.runs.plan import RunPlan, new_run_id
 from pipeline.services import manager
@@ -144,16 +145,13 @@ def test_every_stage_exports_and_prometheus_agrees_with_redis(
         reader.join(5)
         store = pipeline.store
         loads = store.processed_per_worker(WORKERS).tolist()
-        routed = {
-            k.decode(): int(v)
-            for k, v in store.client.hgetall(plan.names.redis_key("stats", "routed")).items()
-        }
+        counters = GroupingStore(store.client, plan.run_id)
+        routed = {str(w): count for w, count in counters.routed_per_worker().items()}
         sent = [int(store.client.get(store.keys.producer_sent(p))) for p in range(SOURCES)]
         consumed = [  # records each source consumed from keys, DATA and watermarks
-            int(store.client.hget(plan.names.redis_key("stats", "source", s), "records"))
-            for s in range(SOURCES)
+            counters.source_counts(s)["records"] for s in range(SOURCES)
         ]
-        dead = store.client.hgetall(plan.names.redis_key("stats", "dead_letters"))
+        dead = counters.dead_letters_by_reason()
         totals = store.window_totals()
         windows_final = len(store.final_windows())
         passed = True
@@ -241,7 +239,7 @@ def test_worker_and_aggregator_collectors_read_the_runs_redis_state(
     from redis.retry import Retry
 
     from pipeline.io.records import END_OF_STREAM
-    from pipeline.io.state_store import RunKeys
+    from pipeline.io.redis_layout import RunKeys
     from pipeline.observe import aggregator as aggregator_metrics
     from pipeline.observe import series
     from pipeline.observe import workers as worker_metrics

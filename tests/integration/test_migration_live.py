@@ -1,13 +1,14 @@
-"""Routing-table schemes live (issue 5): real Kafka, Redis and Spark, keys and state migrating.
+"""Routing-table schemes live: real Kafka, Redis and Spark, keys and state migrating.
 
-A drifting workload -- Fang et al.'s fluctuation, the hot keys change four times -- under
-``mixed`` (seeds/000) and ``readj`` (seeds/004), with the controller (``skewer control``) as
-a subprocess next to the other stages; the two runs share one Spark application (the
-``spark`` fixture), as the issue-4 exactness runs do. While a run goes, a watcher snapshots
-the window state every 50 ms, and whenever no migration runs it requires every key's state of
-every open window to live on one worker (DESIGN.md invariant 2); after the run every final
-count must equal the ground truth (invariant 1). The controller is also killed with SIGKILL
-in the middle of a migration and restarted. Finally the acceptance command itself,
+A drifting workload -- the fluctuation of Fang et al., "Parallel Stream Processing Against
+Workload Skewness and Variance" (2017): the hot keys change four times -- under ``mixed``
+(seeds/000) and ``readj`` (seeds/004), with the controller (``skewer control``) as a subprocess
+next to the other stages; the two runs share one Spark application (the ``spark`` fixture), as
+test_end_to_end.py's exactness runs do. While a run goes, a watcher snapshots the window state
+every 50 ms, and whenever no migration runs it requires every key's state of every open window
+to live on one worker; after the run every final count must equal the ground truth (both are
+docs/design.md#exactness-invariants). The controller is also killed with SIGKILL in the middle
+of a migration and restarted. Finally the acceptance command itself,
 ``skewer demo --scheme mixed --workload <drifting> --verify``.
 """
 
@@ -29,7 +30,8 @@ from live_runs import shared_spark_run
 
 from operators import registry
 from operators.base import KeyStatistics
-from pipeline.io import config, kafka_io
+from pipeline.io import config
+from pipeline.io.redis_client import connect_redis
 from pipeline.runs.orchestrator import Pipeline
 from pipeline.runs.plan import RunPlan, new_run_id
 from pipeline.runs.summary import RunSummary
@@ -50,7 +52,7 @@ class StateWatcher(threading.Thread):
 
     def __init__(self, settings: config.Settings, run_id: str) -> None:
         super().__init__(daemon=True, name=f"watch-{run_id}")
-        self.plane = ControlPlane(kafka_io.connect_redis(settings.redis_url), run_id)
+        self.plane = ControlPlane(connect_redis(settings.redis_url), run_id)
         self.stopping = threading.Event()
         self.snapshots = 0
         self.migrating_seen: set[int] = set()

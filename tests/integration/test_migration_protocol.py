@@ -188,7 +188,7 @@ def test_a_restarted_controller_finishes_the_migration_its_predecessor_started(
     version = plane.current().migrating
     assert version == 1
     (old_worker,) = plane.old_workers(1, W)
-    moving = {k: int(v) for k, v in redis.hgetall(plane.key(f"out:{old_worker}")).items()}
+    moving = {k: int(v) for k, v in redis.hgetall(plane.keys.ctl_out(old_worker)).items()}
     apply(store, old_worker, 1, {(0, key): 7 for key in moving})
     # The controller dies here; a new one adopts the running migration ...
     second = Controller(options, redis)

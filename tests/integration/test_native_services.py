@@ -46,6 +46,11 @@ def _skewer(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, list[l
     return code, [line.split() for line in capsys.readouterr().out.splitlines()]
 
 
+def _states(lines: list[list[str]]) -> list[tuple[str, str]]:
+    """(service, state) of each line."""
+    return [(words[0], words[1]) for words in lines]
+
+
 def _pids(lines: list[list[str]]) -> dict[str, int]:
     return {words[0]: int(words[-1]) for words in lines if "pid" in words}
 
@@ -58,12 +63,12 @@ def test_up_status_down_twice_and_a_killed_broker_comes_back(
     for _round in range(2):
         code, lines = _skewer(capsys, "up")
         assert code == 0
-        assert [(words[0], words[1]) for words in lines] == [(n, "started") for n in names]
+        assert _states(lines) == [(n, "started") for n in names]
         first_pids = _pids(lines)
 
         code, lines = _skewer(capsys, "up")  # a second up changes nothing
         assert code == 0
-        assert [(words[0], words[1]) for words in lines] == [(n, "running") for n in names]
+        assert _states(lines) == [(n, "running") for n in names]
         assert _pids(lines) == first_pids
 
         code, lines = _skewer(capsys, "status")
@@ -77,14 +82,14 @@ def test_up_status_down_twice_and_a_killed_broker_comes_back(
 
         code, lines = _skewer(capsys, "down")
         assert code == 0
-        assert [(words[0], words[1]) for words in lines] == [(n, "stopped") for n in names]
+        assert _states(lines) == [(n, "stopped") for n in names]
         for pid in first_pids.values():
             assert not Path(f"/proc/{pid}").exists() or _is_zombie(pid)
         assert sorted(p.name for p in settings.run_dir.glob("*.pid")) == []
 
         code, lines = _skewer(capsys, "status")
         assert code == 1
-        assert [(words[0], words[1]) for words in lines] == [(n, "down") for n in names]
+        assert _states(lines) == [(n, "down") for n in names]
 
     # Kill the broker by hand: status says so, and up brings back exactly that one.
     code, lines = _skewer(capsys, "up")
@@ -96,14 +101,14 @@ def test_up_status_down_twice_and_a_killed_broker_comes_back(
         assert time.monotonic() < deadline
     code, lines = _skewer(capsys, "status")
     assert code == 1
-    assert [(words[0], words[1]) for words in lines] == [
+    assert _states(lines) == [
         ("kafka", "down"),
         ("redis", "running"),
         ("prometheus", "running"),
     ]
     code, lines = _skewer(capsys, "up")
     assert code == 0
-    assert [(words[0], words[1]) for words in lines] == [
+    assert _states(lines) == [
         ("kafka", "started"),
         ("redis", "running"),
         ("prometheus", "running"),
@@ -140,7 +145,7 @@ def test_down_never_kills_a_process_it_did_not_start(
         )
         code, lines = _skewer(capsys, "down", "redis")
         assert code == 0
-        assert [(words[0], words[1]) for words in lines] == [("redis", "down")]
+        assert _states(lines) == [("redis", "down")]
         assert bystander.poll() is None
         assert not (settings.run_dir / "redis.pid").exists()
     finally:

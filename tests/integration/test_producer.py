@@ -23,6 +23,7 @@ import pytest
 
 from pipeline.io import kafka_io
 from pipeline.io.records import END_OF_STREAM, Kind, decode_input
+from pipeline.io.redis_layout import RunKeys
 from producers import kafka_producer
 from producers.workloads import parse
 
@@ -75,7 +76,7 @@ def produced(kafka: str, redis: object) -> Iterator[Produced]:
 
 
 def delete_run_keys(redis: object, names: kafka_io.RunNames) -> None:
-    for key in redis.scan_iter(match=names.redis_key("*")):  # type: ignore[attr-defined]
+    for key in redis.scan_iter(match=RunKeys(names.run_id).pattern):  # type: ignore[attr-defined]
         redis.delete(key)  # type: ignore[attr-defined]
 
 
@@ -128,7 +129,7 @@ def test_truth_in_redis_equals_a_plain_count(produced: Produced, redis: object) 
         window = (START_MS + i * 1000 // 4000) // WINDOW_MS * WINDOW_MS
         reference.setdefault(window, Counter())[key] += 1
     names = produced.names
-    pattern = names.redis_key("truth", "*")
+    pattern = RunKeys(names.run_id).truth("*")
     stored = {
         int(name.decode().rsplit(":", 1)[1]): {
             k: int(v)
@@ -139,7 +140,7 @@ def test_truth_in_redis_equals_a_plain_count(produced: Produced, redis: object) 
     assert stored == {w: dict(c) for w, c in reference.items()}
     assert sum(sum(c.values()) for c in stored.values()) == RECORDS
     sent = [
-        int(redis.get(names.redis_key("producer", p, "sent")))  # type: ignore[attr-defined]
+        int(redis.get(RunKeys(names.run_id).producer_sent(p)))  # type: ignore[attr-defined]
         for p in range(SOURCES)
     ]
     assert sent == [66_667, 66_667, 66_666]

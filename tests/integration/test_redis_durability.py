@@ -1,8 +1,8 @@
-"""kill -9 of Redis mid-run: its append-only file brings every count back (issue 13, point 5).
+"""kill -9 of Redis mid-run: its append-only file brings every count back.
 
 The native Redis writes every command to its append-only file before it replies
 (:mod:`pipeline.services.redis_server`), so a killed process loses nothing it acknowledged; the
-stages' clients retry through the gap (:func:`pipeline.io.kafka_io.retry_through_restarts`),
+stages' clients retry through the gap (:func:`pipeline.io.redis_client.retry_through_restarts`),
 and the commands exactness rests on are guarded scripts, so a retry never counts twice.
 
 What is killed, when, and what recovery is expected: a paced run on a Redis of this test's own

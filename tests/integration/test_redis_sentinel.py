@@ -1,4 +1,4 @@
-"""Redis failover with Sentinel (issue 13, point 3): a kill -9 of the primary loses no count,
+"""Redis failover with Sentinel: a kill -9 of the primary loses no count,
 and a Sentinel that names no primary is refused at start.
 
 Each test runs a Sentinel set of its own (``skewer services up --redis-sentinel``, through

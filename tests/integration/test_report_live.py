@@ -16,7 +16,8 @@ import pytest
 
 from pipeline.cli import app
 from pipeline.io import config, kafka_io
-from pipeline.io.state_store import RunKeys, StateStore
+from pipeline.io.redis_layout import RunKeys
+from pipeline.io.state_store import StateStore
 from pipeline.observe import timeline
 from pipeline.runs import report
 

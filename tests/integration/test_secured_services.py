@@ -2,29 +2,21 @@
 (pipeline.io.kafka_security) and Redis over TLS (``rediss://``).
 
 The module runs a Kafka broker and a Redis of its own, with a CA made here
-(tests/certificates.py):
+(tests/certificates.py): the broker (the native service's jars) has one client listener,
+``SASL_SSL``, with PLAIN (users in its JAAS line) and SCRAM-SHA-512 (a user created through the
+admin API), inter-broker and controller traffic on plaintext listeners no client is pointed
+at; Redis (Debian's ``redis-server``, built with TLS) listens on a TLS port only, with a
+password. What is checked (docs/security.md):
 
-- the broker, Apache Kafka's jars as the native service runs them, has one client listener,
-  ``SASL_SSL``, with two mechanisms: PLAIN (users in the broker's JAAS line) and SCRAM-SHA-512
-  (a user created through the admin API). Inter-broker and controller traffic stay on plaintext
-  listeners of their own, which no skewer client is pointed at;
-- Redis (Debian's ``redis-server``, built with TLS) listens on a TLS port only, with a password.
-
-What is checked:
-
-- The demo runs on them through SCRAM-SHA-512, the CA file and ``rediss://...?ssl_ca_certs=``:
-  producers, the grouping stage's transactions, Spark's Kafka source in the worker job (the Java
-  client's JAAS line and PEM trust store), the workers' Redis state from Spark's Python tasks,
-  the aggregator and the metrics. Every (key, window) count is exact, and the Kafka password is
-  in no stage's log.
-- test_end_to_end's fault test, a kill -9 of the grouping stage and of the Spark job, both
-  restarted, is exact on them too.
-- A topic of one's own, written here through the same settings, is grouped by the demo and
-  recounted by Spark's batch Kafka source (``--verify``): exact.
-- A wrong password, a CA that did not sign the broker's certificate, and plaintext against the
-  TLS listener are each one line and exit 1 from ``skewer produce``, saying which protocol and
-  why; so is a Redis whose certificate is not trusted. (Settings that cannot work at all are
-  refused before anything connects: tests/unit/test_kafka_security_settings.py.)
+- the demo through SCRAM-SHA-512, the CA file and ``rediss://...?ssl_ca_certs=``, every stage
+  included (Spark's Kafka source through the Java client's JAAS line and PEM trust store):
+  every (key, window) count exact, the Kafka password in no stage's log;
+- test_end_to_end's fault test (kill -9 of the grouping stage and the Spark job) on them: exact;
+- a topic of one's own, grouped by the demo and recounted by Spark's batch Kafka source: exact;
+- a wrong password, a CA that did not sign the broker's certificate, plaintext against the TLS
+  listener, and an untrusted Redis certificate: each one line and exit 1 from
+  ``skewer produce``, saying which protocol and why (settings that cannot work at all:
+  tests/unit/test_kafka_security_settings.py).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""The workers on a Spark standalone cluster (issue 13, point 1), and its bad settings.
+"""The workers on a Spark standalone cluster, and its bad settings.
 
 ``skewer services up --spark-workers 2`` runs a standalone master and two workers of 4 cores
 from the pip package (:mod:`pipeline.services.spark_standalone`); here the test takes a lease
 on them (and stops them at the end if it started them). The demo on such a cluster, exact, is
-test_kafka_cluster.py's README run (``services up --spark-workers 2 --kafka-brokers 3``). A
+test_kafka_cluster.py's docs/cluster.md run (``services up --spark-workers 2 --kafka-brokers 3``). A
 cluster with fewer executor cores than the tasks of a micro-batch, and a master that does not
 answer, are refused at start with one line and exit 2, and the refused session is gone from
 the master (nothing left half-started).
 
-Two fault tests kill a part of the cluster with SIGKILL mid-run (issue 13, point 5), each while
+Two fault tests kill a part of the cluster with SIGKILL mid-run, each while
 two runs share the cluster (each asks for its tasks' cores only, ``spark.cores.max``): one
 under pkg, one under mixed with a migration in flight; each is described in its docstring.
 """

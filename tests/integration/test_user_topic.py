@@ -1,4 +1,4 @@
-"""Your own topic (issue 15): streams skewer did not write, grouped live and verified exactly.
+"""Your own topic: streams skewer did not write, grouped live and verified exactly.
 
 Two streams, each produced here by a plain client, never by skewer's producer:
 
@@ -43,6 +43,7 @@ import pytest
 from live_runs import shared_spark_run
 
 from pipeline.io import config, kafka_io
+from pipeline.io.redis_layout import RunKeys
 from pipeline.runs.plan import RunPlan, new_run_id
 from pipeline.runs.summary import RunSummary
 
@@ -437,7 +438,7 @@ def test_an_idle_partition_stops_holding_windows_open(
     ]
     for thread in threads:
         thread.start()
-    forwarded = names.redis_key("sources", "watermark")
+    forwarded = RunKeys(names.run_id).sources_watermark
     expected = START_MS + 100 * 299 - 1_000
     try:
         deadline = time.monotonic() + 60
@@ -447,7 +448,7 @@ def test_an_idle_partition_stops_holding_windows_open(
         assert int(redis.hget(forwarded, 0)) == int(redis.hget(forwarded, 1)) == expected
         producer.produce(topic, b"v", b"old", partition=1, timestamp=START_MS)
         assert producer.flush(30) == 0
-        while not redis.hget(names.redis_key("stats", "late_input"), 1):
+        while not redis.hget(RunKeys(names.run_id).stats("late_input"), 1):
             assert time.monotonic() < deadline, "the old record was not reported late"
             time.sleep(0.2)
     finally:

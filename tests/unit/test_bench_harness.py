@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -52,6 +53,17 @@ def test_write_result_heads_the_markdown_and_saves_figures_and_data(tmp_path: Pa
         "missing": None,
     }
     assert not plt.fignum_exists(result.figures["curve"].number)  # closed once saved
+
+
+def test_the_recorded_end_to_end_results_re_render_from_their_data() -> None:
+    from bench import end_to_end
+
+    text = (harness.RESULTS_DIR / "end_to_end.md").read_text()
+    data = json.loads((harness.RESULTS_DIR / "end_to_end.json").read_text())
+    load_average = re.search(r"when the run started: ([0-9. ]+)\.\n", text)
+    assert load_average is not None
+    body = end_to_end.results_markdown(data, load_average.group(1))
+    assert text.endswith("\n\n" + body.rstrip() + "\n")
 
 
 def test_machine_info_names_the_machine() -> None:

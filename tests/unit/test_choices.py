@@ -18,7 +18,7 @@ from operators.schemes.choices import DChoices, WChoices, choices_from_bounds
 
 
 def reference_d(p1: float, p_head: float, n_head: int, n: int, epsilon: float) -> int:
-    """LBDChoice's do-while loop (notes/anchors.md §1.3), then our clamp to [2, n]."""
+    """LBDChoice's do-while loop (anisnasir/SLBSimulator), then our clamp to [2, n]."""
     q = (n - 1) / n
     p_tail = 1 - p_head
     d = math.floor(p1 * n + 0.5)

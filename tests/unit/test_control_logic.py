@@ -15,7 +15,7 @@ from pipeline.io import records
 from pipeline.stages.control_plane import StatisticsReport, compact_report, join_names, split_names
 from pipeline.stages.controller import moves_by_old_worker, table_schemes
 from pipeline.stages.grouping import SourceWatermark, offset_metadata, parse_offset_metadata
-from pipeline.stages.worker_job import decode_partition, to_worker_batch
+from pipeline.stages.worker_task import decode_partition, to_worker_batch
 
 
 def test_table_schemes_are_the_seven_of_seeds_000_and_004() -> None:

@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 import yaml
+from compose_files import dockerfile_lines
 
 from pipeline.cli import app
 from pipeline.io import config
-from pipeline.services import docker_images
-from pipeline.services.docker_images import AptSource
+from pipeline.services import debian_base, docker_images
+from pipeline.services.debian_base import AptSource
 
 IMAGES_DIR = config.DEPLOY_DIR / "images"
 KAFKA_DIR = IMAGES_DIR / "kafka"
@@ -45,12 +46,12 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 
 
 def test_deb822_sources_as_debian_writes_them() -> None:
-    sources = docker_images.parse_apt_sources(HOST_SOURCES, deb822=True)
+    sources = debian_base.parse_apt_sources(HOST_SOURCES, deb822=True)
     assert sources == [
         AptSource(("deb",), ("http://deb.debian.org/debian",), ("bookworm", "bookworm-updates")),
         AptSource(("deb",), ("http://deb.debian.org/debian-security",), ("bookworm-security",)),
     ]
-    assert docker_images.host_mirrors(sources) == (
+    assert debian_base.host_mirrors(sources) == (
         "http://deb.debian.org/debian",
         "http://deb.debian.org/debian-security",
     )
@@ -63,13 +64,13 @@ def test_deb822_continuation_lines_disabled_stanzas_and_source_types() -> None:
         "types: deb deb-src\nuris: cdrom:[Debian]/\n  https://m.example/debian/\n"
         "suites: bookworm\n"
     )
-    sources = docker_images.parse_apt_sources(text, deb822=True)
+    sources = debian_base.parse_apt_sources(text, deb822=True)
     assert [source.uris for source in sources] == [
         ("http://src.example/debian",),
         ("cdrom:[Debian]/", "https://m.example/debian/"),
     ]
     # Sources only (deb-src) and a cdrom are no mirror; the trailing slash goes.
-    assert docker_images.host_mirrors(sources)[0] == "https://m.example/debian"
+    assert debian_base.host_mirrors(sources)[0] == "https://m.example/debian"
 
 
 def test_one_line_sources() -> None:
@@ -80,21 +81,21 @@ deb [arch=amd64 signed-by=/usr/share/keyrings/k.gpg] http://m.example/debian boo
 deb http://m.example/debian-security/ bookworm-security main  # security
 deb http://other.example/debian bookworm-backports main
 """
-    sources = docker_images.parse_apt_sources(text)
+    sources = debian_base.parse_apt_sources(text)
     assert [source.types for source in sources] == [("deb-src",), ("deb",), ("deb",), ("deb",)]
-    assert docker_images.host_mirrors(sources) == (
+    assert debian_base.host_mirrors(sources) == (
         "http://m.example/debian",
         "http://m.example/debian-security",
     )
 
 
 def test_without_a_bookworm_entry_the_mirrors_are_debians_own() -> None:
-    ubuntu = docker_images.parse_apt_sources("deb http://archive.ubuntu.com/ubuntu noble main")
-    assert docker_images.host_mirrors(ubuntu) == (
-        docker_images.DEFAULT_MIRROR,
-        docker_images.DEFAULT_SECURITY_MIRROR,
+    ubuntu = debian_base.parse_apt_sources("deb http://archive.ubuntu.com/ubuntu noble main")
+    assert debian_base.host_mirrors(ubuntu) == (
+        debian_base.DEFAULT_MIRROR,
+        debian_base.DEFAULT_SECURITY_MIRROR,
     )
-    assert docker_images.DEFAULT_MIRROR == "http://deb.debian.org/debian"
+    assert debian_base.DEFAULT_MIRROR == "http://deb.debian.org/debian"
 
 
 def test_host_sources_are_read_in_apts_order(tmp_path: Path) -> None:
@@ -102,24 +103,24 @@ def test_host_sources_are_read_in_apts_order(tmp_path: Path) -> None:
     (tmp_path / "sources.list.d" / "b.sources").write_text(HOST_SOURCES)
     (tmp_path / "sources.list.d" / "a.list").write_text("deb http://first.example/d bookworm main")
     (tmp_path / "sources.list.d" / "c.list.save").write_text("deb http://no.example/d bookworm x")
-    assert docker_images.host_mirrors(docker_images.read_host_sources(tmp_path))[0] == (
+    assert debian_base.host_mirrors(debian_base.read_host_sources(tmp_path))[0] == (
         "http://first.example/d"
     )
     (tmp_path / "sources.list").write_text("deb http://top.example/d bookworm main\n")
-    sources = docker_images.read_host_sources(tmp_path)
+    sources = debian_base.read_host_sources(tmp_path)
     assert [source.uris[0] for source in sources] == [
         "http://top.example/d",
         "http://first.example/d",
         "http://deb.debian.org/debian",
         "http://deb.debian.org/debian-security",
     ]
-    assert docker_images.read_host_sources(tmp_path / "missing") == []
+    assert debian_base.read_host_sources(tmp_path / "missing") == []
 
 
 def test_the_images_apt_sources_name_the_hosts_mirrors() -> None:
-    text = docker_images.image_apt_sources("http://m/debian", "http://s/debian-security")
-    sources = docker_images.parse_apt_sources(text, deb822=True)
-    assert docker_images.host_mirrors(sources) == ("http://m/debian", "http://s/debian-security")
+    text = debian_base.image_apt_sources("http://m/debian", "http://s/debian-security")
+    sources = debian_base.parse_apt_sources(text, deb822=True)
+    assert debian_base.host_mirrors(sources) == ("http://m/debian", "http://s/debian-security")
     assert {suite for source in sources for suite in source.suites} == {
         "bookworm",
         "bookworm-updates",
@@ -190,24 +191,10 @@ def test_build_arguments_and_command() -> None:
 
 
 def test_debootstrap_builds_a_minimal_bookworm_from_the_mirror() -> None:
-    command = docker_images.debootstrap_command(Path("/r"), "http://m/debian", Path("/c"))
+    command = debian_base.debootstrap_command(Path("/r"), "http://m/debian", Path("/c"))
     assert command[0] == "debootstrap"
     assert "--variant=minbase" in command and "--cache-dir=/c" in command
     assert command[-3:] == ["bookworm", "/r", "http://m/debian"]
-
-
-def _dockerfile_lines(path: Path) -> list[str]:
-    """The instructions of a Dockerfile, continuation lines joined, comments dropped."""
-    lines, pending = [], ""
-    for line in path.read_text().splitlines():
-        if not pending and (not line.strip() or line.lstrip().startswith("#")):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1]
-            continue
-        lines.append(pending + line)
-        pending = ""
-    return lines
 
 
 @pytest.mark.parametrize("name", ["python", "maven", "kafka", "redis", "prometheus"])
@@ -215,7 +202,7 @@ def test_each_local_dockerfile_builds_on_the_base_from_its_own_context(name: str
     dockerfile = IMAGES_DIR / name / "Dockerfile"
     header = dockerfile.read_text().split("\n\n", 1)[0]
     assert header.startswith("# Stand-in for "), f"{dockerfile}: say what it stands in for"
-    lines = _dockerfile_lines(dockerfile)
+    lines = dockerfile_lines(dockerfile)
     assert lines[0] == f"ARG BASE_IMAGE={docker_images.BASE_IMAGE}"
     assert [line for line in lines if line.startswith("FROM ")] == ["FROM ${BASE_IMAGE}"]
     # What the builder puts in the Kafka image's context besides this folder.
@@ -267,7 +254,7 @@ def test_trim_rootfs_keeps_licences_and_writes_the_sources(tmp_path: Path) -> No
     overlay = tmp_path / "overlay"
     (overlay / "usr" / "sbin").mkdir(parents=True)
     (overlay / "usr" / "sbin" / "policy-rc.d").write_text("exit 101\n")
-    docker_images.trim_rootfs(root, overlay, "Types: deb\n")
+    debian_base.trim_rootfs(root, overlay, "Types: deb\n")
     files = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     assert files == [
         "etc/apt/sources.list.d/debian.sources",
@@ -293,9 +280,9 @@ def test_remove_tree_removes_a_plain_tree(tmp_path: Path) -> None:
     tree = tmp_path / "rootfs"
     (tree / "a" / "b").mkdir(parents=True)
     (tree / "a" / "b" / "c").write_text("x")
-    docker_images.remove_tree(tree)
+    debian_base.remove_tree(tree)
     assert not tree.exists()
-    docker_images.remove_tree(tree)  # nothing there: nothing to do
+    debian_base.remove_tree(tree)  # nothing there: nothing to do
 
 
 # --- the Kafka image: environment to server.properties, and the tools ----------------------------
@@ -555,7 +542,7 @@ def test_the_hosts_own_certificates_go_into_the_base(tmp_path: Path) -> None:
     (source / "proxy.crt").write_text("-----BEGIN CERTIFICATE-----\n")
     (source / "notes.txt").write_text("not a certificate")
     rootfs = tmp_path / "rootfs"
-    assert docker_images.add_local_certificates(rootfs, source) == ["proxy.crt"]
+    assert debian_base.add_local_certificates(rootfs, source) == ["proxy.crt"]
     copied = rootfs / source.relative_to("/")
     assert sorted(p.name for p in copied.iterdir()) == ["proxy.crt"]
-    assert docker_images.add_local_certificates(rootfs, tmp_path / "none") == []
+    assert debian_base.add_local_certificates(rootfs, tmp_path / "none") == []

@@ -508,6 +508,7 @@ def test_planning_a_million_keys_is_feasible_and_balanced() -> None:
 
 def test_experiment_quick() -> None:
     from bench.experiments import fang as experiment
+    from bench.fang_report import _pick
 
     result = experiment.run(quick=True)
     setup = experiment.QUICK
@@ -523,7 +524,7 @@ def test_experiment_quick() -> None:
             assert row["table_final"] <= row["limit"]
     # a stationary stream (f = 0): every Fang plan ends within θ_max
     for name in experiment.FANG:
-        still = experiment._pick(result.data["rate"], scheme=name, rate=0.0)
+        still = _pick(result.data["rate"], scheme=name, rate=0.0)
         assert still["skew_after"] <= 1 + setup.theta + 1e-9
     assert "### Where we agree with the paper" in result.markdown
     for figure in result.figures.values():

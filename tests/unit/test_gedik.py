@@ -21,8 +21,8 @@ from operators import registry
 from operators.base import KeyStatistics, RoutingTable, SchemeError
 from operators.keys import KeyBatch
 from operators.ring import HashRing
-from operators.schemes import gedik
 from operators.schemes.gedik import Readj, Redist, Scan, imbalance_allowance
+from operators.schemes.gedik_construction import Construction, readj, redist, scan
 from operators.simulator import simulate
 
 A, B, C = KeyBatch.from_strings(["A", "B", "C"]).key_ids().tolist()
@@ -285,7 +285,8 @@ def construction_inputs(draw):
 @given(inputs=construction_inputs())
 def test_scan_kernel_equals_reference(inputs) -> None:
     ell, theta, cost, _, home, m0, m_bar, n, code = inputs
-    assign, m, _ = gedik._scan(ell, theta, cost, home, m0, m_bar, n, code)
+    problem = Construction(ell, theta, cost, cost, home, home, m0, m_bar, n, code)
+    assign, m, _ = scan(problem)
     expected, expected_m = ref_scan(ell, theta, cost, home, m0, m_bar, n, code)
     assert assign.tolist() == expected
     assert m == pytest.approx(expected_m)
@@ -295,7 +296,8 @@ def test_scan_kernel_equals_reference(inputs) -> None:
 @given(inputs=construction_inputs())
 def test_redist_kernel_equals_reference(inputs) -> None:
     ell, theta, cost, freq, home, m0, m_bar, n, code = inputs
-    assign, m, _ = gedik._redist(ell, theta, cost, freq, home, m0, m_bar, n, code)
+    problem = Construction(ell, theta, cost, freq, home, home, m0, m_bar, n, code)
+    assign, m, _ = redist(problem)
     expected, expected_m = ref_redist(ell, theta, cost, freq, home, m0, m_bar, n, code)
     assert assign.tolist() == expected
     assert m == pytest.approx(expected_m)
@@ -306,7 +308,8 @@ def test_redist_kernel_equals_reference(inputs) -> None:
 def test_readj_kernel_equals_reference(inputs, limit: int) -> None:
     ell, theta, cost, freq, home, m0, m_bar, n, code = inputs
     start = home.copy()
-    assign, m, rho = gedik._readj(ell, theta, cost, freq, home, start, m0, m_bar, n, code, limit)
+    problem = Construction(ell, theta, cost, freq, home, home, m0, m_bar, n, code)
+    assign, m, rho = readj(problem, start, limit)
     expected, expected_m = ref_readj(ell, theta, cost, freq, home, m0, m_bar, n, code, limit)
     assert assign.tolist() == expected
     assert m == pytest.approx(expected_m)

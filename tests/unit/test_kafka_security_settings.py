@@ -1,7 +1,7 @@
 """The Kafka clients' security settings (pipeline.io.kafka_security): what each client is
-given, and settings that cannot work refused by every command with one line and exit 2 before
-anything connects. The clients on a broker that demands them: tests/integration/
-test_secured_services.py."""
+given, settings that cannot work refused by :func:`from_environ` with one line, and every
+command turning that line into exit 2 before anything connects. The clients on a broker that
+demands them: tests/integration/test_secured_services.py."""
 
 from __future__ import annotations
 
@@ -36,13 +36,14 @@ def ca_file(tmp_path: Path) -> Path:
 
 def test_plaintext_changes_no_client_configuration() -> None:
     plaintext = kafka_security.from_environ({})
-    assert plaintext == kafka_security.KafkaSecurity()
+    assert plaintext == kafka_security.KafkaSecurity() and plaintext.plaintext
     assert plaintext.client_config() == plaintext.spark_options() == {}
     assert plaintext.environ() == {ENV_SECURITY_PROTOCOL: "PLAINTEXT"}
 
 
 def test_each_client_gets_its_own_spelling(ca_file: Path) -> None:
     security = kafka_security.from_environ({**SCRAM_OVER_TLS, ENV_SSL_CA_LOCATION: str(ca_file)})
+    assert not security.plaintext and security.uses_sasl and security.uses_tls
     assert security.client_config() == {
         "security.protocol": "SASL_SSL",
         "sasl.mechanism": "SCRAM-SHA-256",
@@ -143,17 +144,24 @@ def test_every_client_builder_carries_them(monkeypatch: pytest.MonkeyPatch) -> N
         "ca-file",
     ],
 )
+def test_settings_that_cannot_work_are_refused_with_one_line(
+    variables: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ValueError) as refused:
+        kafka_security.from_environ(variables)
+    assert str(refused.value) == message
+
+
 @pytest.mark.parametrize("command", [["demo", "--records", "10"], ["services", "up"]])
-def test_settings_that_cannot_work_are_one_line_and_exit_2(
-    variables: dict[str, str],
-    message: str,
-    command: list[str],
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+def test_a_command_refuses_them_with_exit_2_before_anything_connects(
+    command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     for name in (*SCRAM_OVER_TLS, ENV_SSL_CA_LOCATION):
         monkeypatch.delenv(name, raising=False)
-    for name, value in variables.items():
-        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(ENV_SASL_USERNAME, "skewer")
     assert app.main(command) == 2
-    assert capsys.readouterr().err == f"skewer {command[0]}: error: {message}\n"
+    assert capsys.readouterr().err == (
+        f"skewer {command[0]}: error: SKEWER_KAFKA_SASL_USERNAME is set, but "
+        "SKEWER_KAFKA_SECURITY_PROTOCOL=PLAINTEXT sends no credentials (SASL_PLAINTEXT or "
+        "SASL_SSL does)\n"
+    )

@@ -1,6 +1,9 @@
 """pipeline/observe/ without services: bucket conversion, imbalance gauges, label handling,
 target files, the exporter's HTTP endpoint and final scrape, multiprocess mode, the Prometheus
-configuration and recording rules (promtool), exact values throughout."""
+configuration and recording rules (promtool), exact values throughout.
+
+Long because the observe layer's checks share one set of fake counters and exporter fixtures.
+"""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from operators.selection import least_loaded
 
 
 def reference_candidates(key: bytes, n_workers: int) -> tuple[int, int]:
-    """DESIGN.md's definition, from the hash library directly: |h_seed(key)| mod W."""
+    """docs/schemes.md#pkg's definition, from the hash library directly: |h_seed(key)| mod W."""
     return (
         abs(mmh3.hash64(key, 13, signed=True)[0]) % n_workers,
         abs(mmh3.hash64(key, 17, signed=True)[0]) % n_workers,

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from operators.keys import KeyBatch
+from pipeline.io.dead_letters import REASONS, dead_letter_value
 from pipeline.io.records import (
     END_OF_STREAM,
     INPUT_DTYPE,
@@ -35,14 +36,7 @@ from pipeline.io.records import (
     work_headers,
     work_payloads,
 )
-from pipeline.stages.grouping import (
-    NO_WATERMARK,
-    REASONS,
-    SourceWatermark,
-    dead_letter_value,
-    validate,
-    work_values,
-)
+from pipeline.stages.input_formats import NO_WATERMARK, SourceWatermark, validate, work_values
 from producers.kafka_producer import ground_truth, plan_stream
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)

@@ -43,7 +43,7 @@ def test_a_malformed_sentinel_url_is_one_line_without_the_password(url: str) -> 
     assert "pw" not in str(raised.value) and "\n" not in str(raised.value)
     # Where a stage connects, it is a setting to fix: exit 2 (KafkaIOError), naming the variable.
     with pytest.raises(kafka_io.KafkaIOError, match=r"^SKEWER_REDIS_URL: ") as refused:
-        kafka_io.connect_redis(url)
+        redis_client.connect_redis(url)
     assert not isinstance(refused.value, kafka_io.ServiceUnavailableError)
 
 

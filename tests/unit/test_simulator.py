@@ -23,7 +23,7 @@ from operators.simulator import Router, simulate
 
 
 def kg(key: bytes, n_workers: int) -> int:
-    """Key grouping's worker, straight from the hash definition (DESIGN.md)."""
+    """Key grouping's worker, straight from the hash definition (docs/schemes.md#pkg)."""
     return abs(mmh3.hash64(key, 13, signed=True)[0]) % n_workers
 
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from operators.keys import KeyBatch
 from pipeline.io import records
+from pipeline.io.redis_layout import RunKeys
 from pipeline.io.state_store import (
-    RunKeys,
     WorkerBatch,
     bucket_upper_ms,
     key_bytes,
@@ -30,11 +30,9 @@ from pipeline.stages.worker_job import (
     WorkerJobError,
     WorkOptions,
     checkpoint_is_fresh,
-    decode_partition,
     default_tasks,
-    service_finish_ms,
-    to_worker_batch,
 )
+from pipeline.stages.worker_task import decode_partition, service_finish_ms, to_worker_batch
 
 
 def test_run_keys_spell_the_contract() -> None:

@@ -1,0 +1,456 @@
+"""The Redis layout of a run: every key name and every Lua script, in one place.
+
+Layer: io.
+
+Every key of a run starts with ``skewer:{run_id}:`` (:func:`run_prefix`), so runs and tests
+live side by side in one Redis; :class:`RunKeys` names each key after it, and the scripts below
+(a worker's apply, a window's finalize, a producer's add-once, a migration's move and
+completion) are the atomic steps the pipeline's exactness rests on. No other module spells a
+key or holds Lua text (``tests/test_redis_layout.py`` checks it); the operations on these keys
+are in :mod:`pipeline.io.state_store` (window state), :mod:`pipeline.io.grouping_store` (the
+grouping stage's counters) and :mod:`pipeline.io.control_store` (the control plane). What each
+key holds: docs/design.md#redis-layout; the scripts: docs/design.md#applying-a-micro-batch,
+#closing-a-window and #migration-protocol.
+
+Example:
+    >>> keys = RunKeys("demo")
+    >>> keys.state(3, 20_000), keys.wm(3), keys.windows_final
+    ('skewer:demo:state:3:20000', 'skewer:demo:wm:3', 'skewer:demo:windows:final')
+    >>> keys.source_stats(1), keys.ctl_table(4)
+    ('skewer:demo:stats:source:1', 'skewer:demo:ctl:table:4')
+"""
+
+from __future__ import annotations
+
+#: The first part of every key of skewer's.
+KEY_ROOT = "skewer"
+
+
+def run_prefix(run_id: str) -> str:
+    """``skewer:{run_id}:``, the prefix of every key of run ``run_id``."""
+    return f"{KEY_ROOT}:{run_id}:"
+
+
+class RunKeys:
+    """Names of the Redis keys of one run (``run_id`` without ':', spaces or glob characters,
+    so the prefix also matches literally as a SCAN pattern)."""
+
+    def __init__(self, run_id: str) -> None:
+        if not run_id or any(c in run_id for c in ":*?[] \n"):
+            raise ValueError(f"run id {run_id!r} must be non-empty, without ':', spaces or globs")
+        self.run_id = run_id
+        self.prefix = run_prefix(run_id)
+
+    @property
+    def pattern(self) -> str:
+        """SCAN pattern of every key of the run."""
+        return f"{self.prefix}*"
+
+    # -- the producers' ground truth
+
+    def truth(self, window: int | str) -> str:
+        """Hash key -> records the producers sent for ``window`` (``"*"``: a SCAN pattern)."""
+        return f"{self.prefix}truth:{window}"
+
+    def producer_sent(self, producer: int | str) -> str:
+        """Records producer ``producer`` sent (``"*"``: a SCAN pattern)."""
+        return f"{self.prefix}producer:{producer}:sent"
+
+    def added_truth(self, write_id: str, chunk: int) -> str:
+        """Marker of one chunk of a producer's truth additions (:data:`ADD_ONCE_SCRIPT`)."""
+        return f"{self.prefix}added:{write_id}:truth:{chunk}"
+
+    def added_sent(self, write_id: str) -> str:
+        """Marker of a producer's addition to ``producer:{p}:sent``."""
+        return f"{self.prefix}added:{write_id}:sent"
+
+    # -- window state (the workers', the aggregator's)
+
+    def state(self, worker: int, window: int) -> str:
+        """Hash key -> partial count of ``worker`` for ``window``."""
+        return f"{self.prefix}state:{worker}:{window}"
+
+    def sums(self, worker: int, window: int) -> str:
+        """Hash key -> partial sum of amounts (``state``'s twin, runs with ``--sum``)."""
+        return f"{self.prefix}sum:{worker}:{window}"
+
+    def held(self, worker: int, window: int) -> str:
+        """Hash key -> count of records of a migrating key held back at its new worker."""
+        return f"{self.prefix}held:{worker}:{window}"
+
+    def held_sums(self, worker: int, window: int) -> str:
+        return f"{self.prefix}heldsum:{worker}:{window}"
+
+    def state_family(self, kind: str) -> str:
+        """SCAN pattern of every ``state``, ``held``, ``sum`` or ``heldsum`` key."""
+        if kind not in ("state", "held", "sum", "heldsum"):
+            raise ValueError(f"no partial-state family {kind!r}")
+        return f"{self.prefix}{kind}:*"
+
+    def applied(self, worker: int) -> str:
+        """The last micro-batch id ``worker`` applied."""
+        return f"{self.prefix}applied:{worker}"
+
+    def wm(self, worker: int) -> str:
+        return f"{self.prefix}wm:{worker}"
+
+    def wm_sources(self, worker: int) -> str:
+        """Hash source -> that source's latest watermark seen by ``worker``."""
+        return f"{self.prefix}wm:{worker}:sources"
+
+    def table_versions(self, worker: int) -> str:
+        """Hash source -> the routing-table version of that source's last TABLE_SWITCH here."""
+        return f"{self.prefix}wv:{worker}"
+
+    @property
+    def busy(self) -> str:
+        """Hash worker -> when its emulated server is done with its last batch (epoch ms)."""
+        return f"{self.prefix}busy"
+
+    def result(self, window: int) -> str:
+        return f"{self.prefix}result:{window}"
+
+    def result_sums(self, window: int) -> str:
+        return f"{self.prefix}resultsum:{window}"
+
+    def topk(self, window: int) -> str:
+        return f"{self.prefix}topk:{window}"
+
+    @property
+    def windows_open(self) -> str:
+        return f"{self.prefix}windows:open"
+
+    @property
+    def windows_closed(self) -> str:
+        return f"{self.prefix}windows:closed"
+
+    @property
+    def windows_final(self) -> str:
+        return f"{self.prefix}windows:final"
+
+    @property
+    def windows_published(self) -> str:
+        return f"{self.prefix}windows:published"
+
+    @property
+    def config(self) -> str:
+        """Hash of the run's settings (window_ms, workers)."""
+        return f"{self.prefix}config"
+
+    @property
+    def input(self) -> str:
+        """JSON of how the run reads a user's topic (:mod:`pipeline.stages.user_topic`)."""
+        return f"{self.prefix}input"
+
+    # -- counters
+
+    def stats(self, name: str) -> str:
+        """``stats:{name}``: ``records``, ``late``, ``rejected``, ``batches``, ``held`` (hashes
+        worker -> count), ``windows`` (aggregator totals), ``routed`` (worker -> records),
+        ``dead_letters`` (reason -> records), ``late_input`` (source -> records),
+        ``timeline``."""
+        return f"{self.prefix}stats:{name}"
+
+    def latency(self, worker: int) -> str:
+        """Hash latency bucket -> records of ``worker``."""
+        return f"{self.prefix}stats:latency:{worker}"
+
+    def source_stats(self, source: int) -> str:
+        """Hash of grouping source ``source``: records, data, dead_letters, late, offset,
+        started_ms."""
+        return f"{self.prefix}stats:source:{source}"
+
+    @property
+    def sources_watermark(self) -> str:
+        """Hash source -> the watermark it last forwarded (a user's topic)."""
+        return f"{self.prefix}sources:watermark"
+
+    # -- the control plane (pipeline.io.control_store)
+
+    @property
+    def ctl_current(self) -> str:
+        """Hash version, round, migrating."""
+        return f"{self.prefix}ctl:current"
+
+    def ctl_report(self, round_: int, source: int) -> str:
+        return f"{self.prefix}ctl:stats:{round_}:{source}"
+
+    def ctl_table(self, version: int) -> str:
+        return f"{self.prefix}ctl:table:{version}"
+
+    def ctl_out(self, worker: int) -> str:
+        """Hash key -> new worker, of the keys leaving old worker ``worker``."""
+        return f"{self.prefix}ctl:out:{worker}"
+
+    def ctl_pending(self, worker: int) -> str:
+        """Set of the keys migrating to ``worker`` whose state has not arrived yet."""
+        return f"{self.prefix}ctl:pending:{worker}"
+
+    def ctl_migration(self, version: int) -> str:
+        return f"{self.prefix}ctl:migration:{version}"
+
+    def ctl_done(self, version: int) -> str:
+        """Set of the old workers migration ``version`` has moved."""
+        return f"{self.prefix}ctl:done:{version}"
+
+    @property
+    def ctl_rebalances(self) -> str:
+        return f"{self.prefix}ctl:rebalances"
+
+    @property
+    def ctl_intervals(self) -> str:
+        return f"{self.prefix}ctl:intervals"
+
+
+# -- the scripts: ARGV[1] is the run's prefix, and each builds its keys from it exactly as
+# -- RunKeys does above.
+
+#: ARGV: prefix, worker, batch id, S, with sums (0|1), n_pairs, (window, key, count[, sum]) *
+#: n_pairs (the sum only with sums), n_marks,
+#: (source, watermark) * n_marks, records, rejected, n_buckets, (bucket, count) * n_buckets,
+#: n_switches, (source, table version) * n_switches, busy-until (ms; 0 = none).
+#: Returns 1 when applied, 0 when the batch was applied before.
+#:
+#: A (window, key) whose key is in ``ctl:pending:{worker}`` (it migrates here and its state has
+#: not arrived yet; docs/design.md#migration-protocol) is held back: counted in
+#: ``held:{worker}:{window}`` (its sum in ``heldsum:``) instead of the state, until the
+#: migration moves the state here and releases it.
+APPLY_SCRIPT = """
+local prefix, worker, batch = ARGV[1], ARGV[2], ARGV[3]
+local applied_key = prefix .. 'applied:' .. worker
+local last = redis.call('GET', applied_key)
+if last and tonumber(last) >= tonumber(batch) then return 0 end
+local n_sources = tonumber(ARGV[4])
+local closed_set = prefix .. 'windows:closed'
+local with_sums = ARGV[5] == '1'
+local width = with_sums and 4 or 3
+local i = 6
+local n_pairs = tonumber(ARGV[i]); i = i + 1
+local late, held = 0, 0
+local closed = {}
+local pending_key = prefix .. 'ctl:pending:' .. worker
+local migrating = redis.call('SCARD', pending_key) > 0
+for _ = 1, n_pairs do
+  local window, key, count, amount = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  i = i + width
+  if closed[window] == nil then
+    closed[window] = redis.call('SISMEMBER', closed_set, window) == 1
+    if not closed[window] then redis.call('SADD', prefix .. 'windows:open', window) end
+  end
+  local state, sums = 'state:', 'sum:'
+  if closed[window] then
+    late = late + tonumber(count)
+    state = nil
+  elseif migrating and redis.call('SISMEMBER', pending_key, key) == 1 then
+    state, sums = 'held:', 'heldsum:'
+    held = held + tonumber(count)
+  end
+  if state then
+    local suffix = worker .. ':' .. window
+    redis.call('HINCRBY', prefix .. state .. suffix, key, count)
+    if with_sums then redis.call('HINCRBY', prefix .. sums .. suffix, key, amount) end
+  end
+end
+local n_marks = tonumber(ARGV[i]); i = i + 1
+local sources_key = prefix .. 'wm:' .. worker .. ':sources'
+for _ = 1, n_marks do
+  local source, mark = ARGV[i], ARGV[i + 1]
+  i = i + 2
+  local old = redis.call('HGET', sources_key, source)
+  if (not old) or tonumber(old) < tonumber(mark) then
+    redis.call('HSET', sources_key, source, mark)
+  end
+end
+if n_marks > 0 and redis.call('HLEN', sources_key) >= n_sources then
+  local low = nil
+  for _, mark in ipairs(redis.call('HVALS', sources_key)) do
+    if low == nil or tonumber(mark) < tonumber(low) then low = mark end
+  end
+  redis.call('SET', prefix .. 'wm:' .. worker, low)
+end
+local records, rejected = ARGV[i], ARGV[i + 1]
+i = i + 2
+redis.call('HINCRBY', prefix .. 'stats:records', worker, records)
+if tonumber(rejected) > 0 then
+  redis.call('HINCRBY', prefix .. 'stats:rejected', worker, rejected)
+end
+if late > 0 then redis.call('HINCRBY', prefix .. 'stats:late', worker, late) end
+local n_buckets = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n_buckets do
+  redis.call('HINCRBY', prefix .. 'stats:latency:' .. worker, ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+local n_switches = tonumber(ARGV[i]); i = i + 1
+local versions_key = prefix .. 'wv:' .. worker
+for _ = 1, n_switches do
+  local source, version = ARGV[i], ARGV[i + 1]
+  i = i + 2
+  local old = redis.call('HGET', versions_key, source)
+  if (not old) or tonumber(old) < tonumber(version) then
+    redis.call('HSET', versions_key, source, version)
+  end
+end
+if tonumber(ARGV[i]) > 0 then redis.call('HSET', prefix .. 'busy', worker, ARGV[i]) end
+if held > 0 then
+  redis.call('HINCRBY', prefix .. 'stats:held', worker, held)
+  local migration = redis.call('HGET', prefix .. 'ctl:current', 'migrating')
+  if migration and migration ~= '' then
+    local record = prefix .. 'ctl:migration:' .. migration
+    redis.call('HINCRBY', record, 'held_records', held)
+    -- When the first record was held: a record waits at most until the migration completes.
+    local now = redis.call('TIME')
+    redis.call('HSETNX', record, 'first_held_ms', now[1] * 1000 + math.floor(now[2] / 1000))
+  end
+end
+redis.call('HINCRBY', prefix .. 'stats:batches', worker, 1)
+redis.call('SET', applied_key, batch)
+return 1
+"""
+
+#: ARGV: prefix, window, W, top-k JSON, records, state entries, n_keys, (key, count) * n_keys,
+#: n_sums, (key, sum) * n_sums. Returns 1 when finalized now, 0 when the window was final
+#: already.
+FINALIZE_SCRIPT = """
+local prefix, window = ARGV[1], ARGV[2]
+if redis.call('SISMEMBER', prefix .. 'windows:final', window) == 1 then return 0 end
+-- HSET in chunks: unpack() of the whole ARGV could overflow Lua's C stack.
+local function write(hash, first, n)
+  redis.call('DEL', hash)
+  local last, chunk = first + 2 * n - 1, 1000
+  for start = first, last, chunk do
+    redis.call('HSET', hash, unpack(ARGV, start, math.min(start + chunk - 1, last)))
+  end
+  return last + 1
+end
+local n_keys = tonumber(ARGV[7])
+local after = write(prefix .. 'result:' .. window, 8, n_keys)
+write(prefix .. 'resultsum:' .. window, after + 1, tonumber(ARGV[after]))
+redis.call('SET', prefix .. 'topk:' .. window, ARGV[4])
+for worker = 0, tonumber(ARGV[3]) - 1 do
+  local suffix = worker .. ':' .. window
+  redis.call('DEL', prefix .. 'state:' .. suffix, prefix .. 'held:' .. suffix,
+             prefix .. 'sum:' .. suffix, prefix .. 'heldsum:' .. suffix)
+end
+redis.call('SADD', prefix .. 'windows:final', window)
+redis.call('SREM', prefix .. 'windows:open', window)
+local totals = prefix .. 'stats:windows'
+redis.call('HINCRBY', totals, 'windows', 1)
+redis.call('HINCRBY', totals, 'records', ARGV[5])
+redis.call('HINCRBY', totals, 'state_entries', ARGV[6])
+redis.call('HINCRBY', totals, 'distinct_keys', n_keys)
+return 1
+"""
+
+#: KEYS[1]: the write's marker; ARGV: (key, field, amount) * n, field '' for a plain counter.
+#: Returns 1 when added now, 0 when the marker was there (added before).
+ADD_ONCE_SCRIPT = """
+if not redis.call('SET', KEYS[1], 1, 'NX') then return 0 end
+for i = 1, #ARGV, 3 do
+  if ARGV[i + 1] == '' then
+    redis.call('INCRBY', ARGV[i], ARGV[i + 2])
+  else
+    redis.call('HINCRBY', ARGV[i], ARGV[i + 1], ARGV[i + 2])
+  end
+end
+return 1
+"""
+
+#: ARGV: prefix, old worker a, version, S, END_OF_STREAM. Returns {status, keys, entries,
+#: bytes, released, waiting source}; see :class:`pipeline.io.control_store.MoveResult`.
+MIGRATE_SCRIPT = """
+local prefix, a, version = ARGV[1], ARGV[2], ARGV[3]
+local n_sources, eos = tonumber(ARGV[4]), ARGV[5]
+local migration = prefix .. 'ctl:migration:' .. version
+if redis.call('HGET', migration, 'phase') ~= 'running' then return {-1, 0, 0, 0, 0, -1} end
+local done = prefix .. 'ctl:done:' .. version
+if redis.call('SISMEMBER', done, a) == 1 then return {0, 0, 0, 0, 0, -1} end
+local versions = {}
+local raw = redis.call('HGETALL', prefix .. 'wv:' .. a)
+for i = 1, #raw, 2 do versions[raw[i]] = tonumber(raw[i + 1]) end
+local ended = {}
+raw = redis.call('HGETALL', prefix .. 'wm:' .. a .. ':sources')
+for i = 1, #raw, 2 do if raw[i + 1] == eos then ended[raw[i]] = true end end
+for s = 0, n_sources - 1 do
+  local name = tostring(s)
+  if not ended[name] and (versions[name] == nil or versions[name] < tonumber(version)) then
+    return {-2, 0, 0, 0, 0, s}
+  end
+end
+local windows = redis.call('SDIFF', prefix .. 'windows:open', prefix .. 'windows:closed')
+if redis.call('HEXISTS', migration, 'state_entries_total') == 0 then
+  local total = 0
+  for _, window in ipairs(windows) do
+    for w = 0, tonumber(redis.call('HGET', migration, 'workers')) - 1 do
+      total = total + redis.call('HLEN', prefix .. 'state:' .. w .. ':' .. window)
+    end
+  end
+  redis.call('HSET', migration, 'state_entries_total', total)
+end
+local out = prefix .. 'ctl:out:' .. a
+local moves = redis.call('HGETALL', out)
+local keys, entries, bytes, released = 0, 0, 0, 0
+for i = 1, #moves, 2 do
+  local key, b = moves[i], moves[i + 1]
+  for _, window in ipairs(windows) do
+    local from = prefix .. 'state:' .. a .. ':' .. window
+    local to = prefix .. 'state:' .. b .. ':' .. window
+    local count = redis.call('HGET', from, key)
+    if count then
+      redis.call('HINCRBY', to, key, count)
+      redis.call('HDEL', from, key)
+      entries = entries + 1
+      bytes = bytes + #key + #count
+    end
+    local held_key = prefix .. 'held:' .. b .. ':' .. window
+    local held = redis.call('HGET', held_key, key)
+    if held then
+      redis.call('HINCRBY', to, key, held)
+      redis.call('HDEL', held_key, key)
+      released = released + tonumber(held)
+    end
+    -- A run with --sum keeps the key's sums beside its counts: they travel the same way.
+    local sums_to = prefix .. 'sum:' .. b .. ':' .. window
+    for _, sums_from in ipairs({prefix .. 'sum:' .. a .. ':' .. window,
+                                prefix .. 'heldsum:' .. b .. ':' .. window}) do
+      local total = redis.call('HGET', sums_from, key)
+      if total then
+        redis.call('HINCRBY', sums_to, key, total)
+        redis.call('HDEL', sums_from, key)
+        bytes = bytes + #total
+      end
+    end
+  end
+  redis.call('SREM', prefix .. 'ctl:pending:' .. b, key)
+  keys = keys + 1
+end
+redis.call('DEL', out)
+redis.call('SADD', done, a)
+redis.call('HINCRBY', migration, 'keys_moved', keys)
+redis.call('HINCRBY', migration, 'state_entries_moved', entries)
+redis.call('HINCRBY', migration, 'state_bytes_moved', bytes)
+redis.call('HINCRBY', migration, 'released_records', released)
+return {1, keys, entries, bytes, released, -1}
+"""
+
+#: ARGV: prefix, version, completed_ms, history length. Returns 1 when completed now, 0 when
+#: not all old workers have moved yet or the migration is not running.
+COMPLETE_SCRIPT = """
+local prefix, version = ARGV[1], ARGV[2]
+local migration = prefix .. 'ctl:migration:' .. version
+if redis.call('HGET', migration, 'phase') ~= 'running' then return 0 end
+local needed = tonumber(redis.call('HGET', migration, 'from_workers'))
+if redis.call('SCARD', prefix .. 'ctl:done:' .. version) < needed then return 0 end
+local published = tonumber(redis.call('HGET', migration, 'published_ms'))
+local completed = tonumber(ARGV[3])
+local first_held = tonumber(redis.call('HGET', migration, 'first_held_ms') or ARGV[3])
+redis.call('HSET', migration, 'phase', 'done', 'completed_ms', ARGV[3],
+           'duration_s', (completed - published) / 1000.0,
+           'longest_hold_s', math.max(completed - first_held, 0) / 1000.0)
+redis.call('HSET', prefix .. 'ctl:current', 'migrating', '')
+local record = {}
+local raw = redis.call('HGETALL', migration)
+for i = 1, #raw, 2 do record[raw[i]] = tonumber(raw[i + 1]) or raw[i + 1] end
+redis.call('RPUSH', prefix .. 'ctl:rebalances', cjson.encode(record))
+redis.call('LTRIM', prefix .. 'ctl:rebalances', -tonumber(ARGV[4]), -1)
+return 1
+"""
