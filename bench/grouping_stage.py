@@ -40,6 +40,7 @@ import numpy as np
 
 from operators import registry
 from pipeline.io import config, kafka_io
+from pipeline.io.dead_letters import REASONS
 from pipeline.io.redis_client import connect_redis
 from pipeline.io.state_store import StateStore
 from pipeline.stages import grouping
@@ -106,6 +107,8 @@ class Passthrough(TimedSource):
             partitions,
             reasons=np.full(n, -1, dtype=np.int8),
             data_rows=np.arange(n),
+            routed=np.bincount(partitions, minlength=workers),
+            dead_letter_counts=np.zeros(len(REASONS), dtype=np.int64),
         )
 
 
