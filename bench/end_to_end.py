@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.experiment import ExperimentResult, method_markdown, or_dash, ratio_or_dash
+from pipeline.runs.latency import STEADY_FROM, histogram_difference, reached_steady
 
 #: What the benchmark measures and how: the prose of bench/results/end_to_end.md.
 METHOD = """\
@@ -61,10 +62,10 @@ PKG_ON_THIS_STREAM = (
 )
 
 
-#: The steady state of a run: from the moment the workers have processed this share of the
-#: records (start-up, the Python workers' first batches, JIT warm-up behind) ...
-STEADY_FROM = 0.2
-#: ... until this share (the tail, the last window's close and the stages' exits excluded).
+#: The steady state of a run: from the moment the workers have processed STEADY_FROM of the
+#: records (pipeline.runs.latency: start-up, the Python workers' first batches, JIT warm-up
+#: behind, the same cut as ``skewer demo``'s steady-state latency) ... until this share (the
+#: tail, the last window's close and the stages' exits excluded).
 STEADY_UNTIL = 0.9
 #: Offered loads of the latency table, as fractions of the even-load bound W x 10^6 / C.
 LATENCY_LOADS = (0.25, 0.5, 0.8, 1.2)
@@ -111,7 +112,7 @@ class Trace:
     def sample(self, progress: Any) -> None:
         plan = self.pipeline.plan
         self.samples.append((progress.elapsed, progress.grouped, progress.processed))
-        if self.latency_at_steady is None and progress.processed >= STEADY_FROM * plan.records:
+        if self.latency_at_steady is None and reached_steady(progress.processed, plan.records):
             self.latency_at_steady = self.pipeline.store.latency_histogram(plan.workers)
 
     def end(self, pipeline: Any, _summary: Any) -> None:
@@ -133,12 +134,7 @@ class Trace:
 
     def steady_latency(self) -> dict[int, int]:
         """The latency histogram of the records applied after the steady state began."""
-        before = self.latency_at_steady or {}
-        return {
-            bucket: count - before.get(bucket, 0)
-            for bucket, count in self.latency_at_end.items()
-            if count > before.get(bucket, 0)
-        }
+        return histogram_difference(self.latency_at_end, self.latency_at_steady or {})
 
 
 def traced_run(

@@ -12,9 +12,11 @@ windows; max/avg load of the workers), and prints a summary per worker and overa
 if all are equal. ``--input-topic T`` runs the scheme on a topic you already have instead: no
 producer, one source per partition of T, the records T holds when the run starts, key and time
 from ``--key`` and ``--time``; the ground truth is then a Spark batch recount of T. ``--json``
-prints one object instead. The run's topics, Redis keys and Spark checkpoint are deleted at
-the end unless ``--keep`` (never T itself). Exit 2 on bad arguments (unknown
-scheme, W < 1, ...), 1 when a service does not answer, a stage fails, or ``--verify`` fails.
+prints one object instead (the start-up timeline in it; ``--timings`` prints the timeline and
+the latency per 5 s window after the summary). The run's topics, Redis keys and Spark
+checkpoint are deleted at the end unless ``--keep`` (never T itself). Exit 2 on bad arguments
+(unknown scheme, W < 1, ...), 1 when a service does not answer, a stage fails, or ``--verify``
+fails.
 
 How the stages run: pipeline/runs/orchestrator.py; what the figures mean: docs/performance.md.
 """
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from pipeline.io.config import Settings
     from pipeline.runs.orchestrator import Pipeline
     from pipeline.runs.plan import RunPlan
+    from pipeline.runs.run_clock import RunClock
     from pipeline.runs.summary import RunSummary
 
 DEFAULT_SCHEME = "pkg"
@@ -103,6 +106,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_input_topic_arguments(parser)
     parser.add_argument("--verify", action="store_true", help="exit 1 unless counts are exact")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--timings",
+        action="store_true",
+        help="print the start-up timeline and the latency per 5 s window after the summary",
+    )
     parser.add_argument("--run-id", help="run id (default: a fresh demo-XXXXXXXX)")
     parser.add_argument("--topic-prefix", help="prefix of the run's topics (default: RUN-)")
     parser.add_argument(
@@ -208,7 +216,10 @@ def _say(line: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeline.io import config, kafka_io
     from pipeline.runs import orchestrator, service_lease
+    from pipeline.runs.run_clock import RunClock, process_started_at
 
+    # The command started with its process (interpreter and imports included).
+    clock = RunClock(process_started_at())
     settings = config.load()
     plan = plan_from_args(args, settings)
     try:
@@ -218,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
     except orchestrator.PipelineError as error:
         _say(f"error: {error}")
         return 1
+    clock.mark("services checked")
     if lease.started:
         kept = "kept running" if args.keep_services else "stopped at the end"
         _say(f"started {', '.join(lease.started)} ({kept})")
@@ -226,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
         kafka_io.require_replication(settings.kafka_bootstrap, settings.kafka_replication)
         if plan.input_topic is not None:
             plan = _sized_to_topic(plan, settings)
-        summary, report_png = _run(plan, settings, args)
+        summary, report_png = _run(plan, settings, args, clock)
     except orchestrator.StageFailedError as error:
         # A stage that refused its settings (exit 2: fewer Spark cores than tasks, say) is the
         # user's to fix, as if the demo had refused them itself.
@@ -241,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     finally:
         lease.release()
-    _print(plan, summary, report_png, json_out=args.json)
+    _print(plan, summary, report_png, json_out=args.json, timings=args.timings)
     if args.verify and not summary.exact:
         if args.json:
             for line in summary.verification.lines():
@@ -251,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(
-    plan: RunPlan, settings: Settings, args: argparse.Namespace
+    plan: RunPlan, settings: Settings, args: argparse.Namespace, clock: RunClock
 ) -> tuple[RunSummary, str | None]:
     """Run ``plan`` with progress on stderr (unless ``--quiet``); its summary and report."""
     from pipeline.runs import orchestrator, report
@@ -282,6 +294,7 @@ def _run(
             keep=args.keep,
             log=None if quiet else _say,
             on_end=draw_report,
+            clock=clock,
         )
     finally:
         printer.done()
@@ -290,8 +303,16 @@ def _run(
     return summary, report_png
 
 
-def _print(plan: RunPlan, summary: RunSummary, report_png: str | None, *, json_out: bool) -> None:
-    """The run's summary on stdout: one JSON object, or lines per worker and overall."""
+def _print(
+    plan: RunPlan,
+    summary: RunSummary,
+    report_png: str | None,
+    *,
+    json_out: bool,
+    timings: bool = False,
+) -> None:
+    """The run's summary on stdout: one JSON object, or lines per worker and overall (and with
+    ``timings`` the start-up timeline and the latency per 5 s window)."""
     if json_out:
         print(json.dumps({**summary.as_json(), "report_png": report_png}))
         return
@@ -304,3 +325,11 @@ def _print(plan: RunPlan, summary: RunSummary, report_png: str | None, *, json_o
     print("\n".join(summary.verification.lines()))
     if report_png:
         print(f"report: {report_png}")
+    if timings:
+        from pipeline.runs.run_clock import timeline_lines
+        from pipeline.runs.summary import window_lines
+
+        print("timeline (seconds since the command, event, gap since the previous event):")
+        print("\n".join(timeline_lines(summary.timeline)))
+        print("latency per 5 s window of the run (start in seconds since the command):")
+        print("\n".join(window_lines(summary.latency_windows)))

@@ -318,6 +318,10 @@ def require_replication(bootstrap: str, requested: int | None) -> tuple[int, int
     return topic_replication(cluster_brokers(bootstrap), requested)
 
 
+#: A topic to create: its name, partition count and topic configuration (None: the broker's).
+TopicSpec = tuple[str, int, dict[str, str] | None]
+
+
 def ensure_topic(
     bootstrap: str,
     name: str,
@@ -327,43 +331,79 @@ def ensure_topic(
     *,
     replication: int | None = None,
 ) -> bool:
-    """Create ``name`` with ``partitions`` partitions unless it exists; True if created.
+    """Create ``name`` with ``partitions`` partitions unless it exists; True if created
+    (:func:`ensure_topics` for one topic)."""
+    spec: TopicSpec = (name, partitions, config)
+    return bool(ensure_topics(bootstrap, [spec], timeout, replication=replication))
+
+
+def ensure_topics(
+    bootstrap: str,
+    topics: Sequence[TopicSpec],
+    timeout: float = 30.0,
+    *,
+    replication: int | None = None,
+) -> list[str]:
+    """Create those of ``topics`` that do not exist, in one request; the names created.
 
     A new topic has :func:`topic_replication`'s replicas (``replication``: the setting, None
-    for min(3, brokers)). An existing topic must have exactly ``partitions`` partitions
+    for min(3, brokers)), and every partition of it has a leader before this returns, so
+    anyone may produce at once. An existing topic must have exactly the partitions asked for
     (:class:`KafkaIOError` otherwise). Two processes creating the same topic at once both
-    succeed.
+    succeed. One admin client and one request for all: a run's five topics one after another
+    cost several round trips and waits each, on the way to its first record.
     """
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    existing = topic_partitions(bootstrap, name)
-    created = False
-    if existing is None:
+    admin = AdminClient(kafka_security.admin_config(bootstrap))
+
+    def metadata(name: str) -> Any:
+        topic = admin.list_topics(topic=name, timeout=timeout).topics.get(name)
+        return None if topic is None or topic.error is not None else topic
+
+    counts = {name: metadata(name) for name, _, _ in topics}
+    missing = [(name, n, config) for name, n, config in topics if counts[name] is None]
+    created: list[str] = []
+    if missing:
         replicas, min_insync = require_replication(bootstrap, replication)
-        settings = {"min.insync.replicas": str(min_insync), **(config or {})}
-        admin = AdminClient(kafka_security.admin_config(bootstrap))
         futures = admin.create_topics(
-            [NewTopic(name, partitions, replicas, config=settings)], request_timeout=timeout
+            [
+                NewTopic(
+                    name,
+                    n,
+                    replicas,
+                    config={"min.insync.replicas": str(min_insync), **(config or {})},
+                )
+                for name, n, config in missing
+            ],
+            request_timeout=timeout,
         )
-        try:
-            futures[name].result(timeout=timeout)
-            created = True
-        except KafkaException as error:
-            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise KafkaIOError(f"kafka: cannot create topic {name!r}: {error}") from None
+        for name, future in futures.items():
+            try:
+                future.result(timeout=timeout)
+                created.append(name)
+            except KafkaException as error:
+                if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise KafkaIOError(f"kafka: cannot create topic {name!r}: {error}") from None
         deadline = time.monotonic() + timeout
-        while (existing := topic_partitions(bootstrap, name)) is None:
-            if time.monotonic() > deadline:
-                raise KafkaIOError(f"kafka: topic {name!r} did not appear in {timeout:.0f} s")
-            time.sleep(0.05)
-        # create_topic's own wait: every partition has a leader before anyone produces.
-        _wait_for_leaders(bootstrap, name, timeout)
-    if existing != partitions:
-        raise KafkaIOError(
-            f"topic {name!r} has {existing} partitions, but this run needs {partitions} "
-            "(use another --topic-prefix or delete the topic)"
-        )
+        for name, _, _ in missing:
+            while (topic := metadata(name)) is None or any(
+                p.leader < 0 for p in topic.partitions.values()
+            ):
+                if time.monotonic() > deadline:
+                    raise KafkaIOError(
+                        f"kafka: topic {name!r} has no leaders after {timeout:.0f} s"
+                    )
+                time.sleep(0.05)
+            counts[name] = topic
+    for name, n, _ in topics:
+        existing = len(counts[name].partitions)
+        if existing != n:
+            raise KafkaIOError(
+                f"topic {name!r} has {existing} partitions, but this run needs {n} "
+                "(use another --topic-prefix or delete the topic)"
+            )
     return created
 
 
@@ -391,9 +431,15 @@ def ensure_run_topics(
         (names.late_topic, 1, large),
         (names.results_topic, 1, None),
     ]
-    for name, partitions, config in counts:
-        if partitions is not None:
-            ensure_topic(bootstrap, name, partitions, config, replication=replication)
+    ensure_topics(
+        bootstrap,
+        [
+            (name, partitions, config)
+            for name, partitions, config in counts
+            if partitions is not None
+        ],
+        replication=replication,
+    )
 
 
 def _wait_for_leaders(bootstrap: str, name: str, timeout: float) -> None:
@@ -482,3 +528,47 @@ def delete_topics(bootstrap: str, names: Sequence[str], timeout: float = 30.0) -
     admin = AdminClient(kafka_security.admin_config(bootstrap))
     for future in admin.delete_topics(present, request_timeout=timeout).values():
         future.result(timeout=timeout)
+
+
+def first_timestamp(consumer: Any, partition: Any, timeout: float = 10.0) -> int | None:
+    """The Kafka timestamp (ms) of the record at ``partition``'s offset, None if unreadable."""
+    consumer.assign([partition])
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                return int(message.timestamp()[1])
+    finally:
+        consumer.unassign()
+    return None
+
+
+def last_timestamp(
+    consumer: Any, topic: str, partition: int, end: int, timeout: float = 10.0
+) -> int | None:
+    """The latest Kafka timestamp (ms) among the last records before offset ``end``.
+
+    Reads a few records back, not just ``end - 1``: in a transactional topic the last offsets
+    are commit markers, which no consumer ever returns.
+    """
+    from confluent_kafka import TopicPartition
+
+    if end <= 0:
+        return None
+    start = TopicPartition(topic, partition, max(0, end - 32))
+    consumer.assign([start])
+    latest = None
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                stamp = int(message.timestamp()[1])
+                latest = stamp if latest is None else max(latest, stamp)
+            position = consumer.position([TopicPartition(topic, partition)])[0].offset
+            if position >= end:
+                break
+    finally:
+        consumer.unassign()
+    return latest

@@ -6,10 +6,12 @@ Layer: runs.
 user would type (``python -m pipeline.cli ...``), so a run exercises exactly the product's entry
 points: ``work`` first (until Spark committed a micro-batch), then ``aggregate``, ``control``,
 ``group`` and ``produce``; the run is over when every stage exited 0 at END_OF_STREAM, and a
-stage that fails stops it. It reports progress about once a second, reads the figures
-(:meth:`Pipeline.summary`, a :class:`~pipeline.runs.summary.RunSummary`; what they mean:
-docs/performance.md) and deletes the run. :func:`run_pipeline` is the one way to run a plan
-whole (``skewer demo``, the benchmarks); the fault tests drive a :class:`Pipeline` step by step.
+stage that fails stops it. It reports progress about once a second, marks the start-up
+timeline (:mod:`pipeline.runs.run_clock`) and samples the latency while it waits
+(:mod:`pipeline.runs.latency`), reads the figures (:meth:`Pipeline.summary`, a
+:class:`~pipeline.runs.summary.RunSummary`; what they mean: docs/performance.md) and deletes
+the run. :func:`run_pipeline` is the one way to run a plan whole (``skewer demo``, the
+benchmarks); the fault tests drive a :class:`Pipeline` step by step.
 Stage output goes to ``{run_dir}/demo/{run_id}/{stage}.out|.err``. The services a run needs:
 :mod:`pipeline.runs.service_lease`.
 """
@@ -33,7 +35,9 @@ from operators.metrics import load_figures
 from pipeline.io import config, kafka_io
 from pipeline.io.grouping_store import GroupingStore
 from pipeline.io.redis_client import connect_redis
+from pipeline.runs.latency import LatencySampler
 from pipeline.runs.plan import STAGES, RunPlan
+from pipeline.runs.run_clock import RunClock, summary_timing
 from pipeline.runs.stage_process import StageProcess, signal_group, start_stage
 from pipeline.runs.summary import RunSummary
 from pipeline.services.process import group_alive
@@ -112,6 +116,7 @@ class Pipeline:
         python: str = sys.executable,
         environ: Mapping[str, str] | None = None,
         log: Log | None = None,
+        clock: RunClock | None = None,
     ) -> None:
         self.plan = plan
         self.settings = settings or config.load()
@@ -126,6 +131,9 @@ class Pipeline:
         self.stages: dict[str, StageProcess] = {}
         self.prepared = False
         self.started_at = time.monotonic()
+        #: The start-up timeline (from the command, or from here) and the latency snapshots.
+        self.clock = clock or RunClock()
+        self.sampler = LatencySampler(plan.workers)
         self._redis: redis_module.Redis | None = None
         self._consumer: Any = None
         self._store: StateStore | None = None
@@ -157,6 +165,7 @@ class Pipeline:
             # From here on the run is ours: cleanup() may delete all of it.
             self.prepared = True
             grouping.prepare(self.plan.stage_config(self.settings))
+            self.clock.mark("run prepared")
         except kafka_io.KafkaIOError as error:
             raise PipelineError(str(error)) from None
 
@@ -168,27 +177,46 @@ class Pipeline:
         argv = [self.python, "-m", "pipeline.cli", *self.plan.argv(stage, self.settings)]
         starts = previous.starts + 1 if previous is not None else 1
         self.stages[stage] = start_stage(stage, argv, self.log_dir, self.environ, starts)
+        # The subprocess exists: the stage's own start-up (imports, Spark's JVM) comes after.
+        self.clock.mark("producers started" if stage == "produce" else f"{stage} started")
         return self.stages[stage]
 
     def start_all(self, stages: Sequence[str] | None = None, *, ready_timeout: float = 0) -> None:
-        """Start ``stages`` (default: the plan's) in :data:`STAGES` order; the others after
-        ``work`` is ready, and the producers after ``group`` is."""
+        """Start ``stages`` (default: the plan's) in :data:`STAGES` order, the producers last:
+        once ``work`` is ready and ``group`` is. The other stages start up while Spark does, so
+        their start-up adds nothing to the wait; the producers wait, or their first records
+        would measure Spark's start-up, not the pipeline."""
         stages = self.plan.stages if stages is None else stages
-        for stage in (s for s in STAGES if s in stages):
+        timeout = ready_timeout or WORK_READY_SECONDS
+        for stage in (s for s in STAGES if s in stages and s != "produce"):
             self.start(stage)
-            if stage == "work":
-                began = time.monotonic()
-                self.log("waiting for the Spark workers to start ...")
-                self.wait_work_ready(ready_timeout or WORK_READY_SECONDS)
-                self.log(f"Spark workers ready after {time.monotonic() - began:.1f} s")
-            elif stage == "group" and "produce" in stages:
-                self.wait_group_ready(ready_timeout or WORK_READY_SECONDS)
+        if "work" in stages:
+            began = time.monotonic()
+            self.log("waiting for the Spark workers to start ...")
+            self.wait_work_ready(timeout)
+            self.log(f"Spark workers ready after {time.monotonic() - began:.1f} s")
+        if "produce" in stages:
+            if "group" in stages:
+                self.wait_group_ready(timeout)
+                self.wait_workers_applied(timeout)
+            self.start("produce")
         self.log(f"running: {', '.join(s for s in STAGES if s in stages)}")
 
     def wait_work_ready(self, timeout: float = WORK_READY_SECONDS) -> None:
         """Until Spark committed a micro-batch in the run's checkpoint (raises if work died)."""
         commits = self.plan.checkpoint_dir(self.settings) / "commits"
         self._wait_ready("work", lambda: commits.is_dir() and any(commits.iterdir()), timeout)
+        # As this poll sees the first commit file: at most 0.2 s late.
+        self.clock.mark("Spark workers ready")
+
+    def wait_workers_applied(self, timeout: float = WORK_READY_SECONDS) -> None:
+        """Until every worker applied a micro-batch: the grouping sources' first transaction
+        (a marker to every partition) went through the whole path -- Kafka, the Python
+        workers, the Redis apply -- so the first records do not wait for it to warm up."""
+        workers = self.plan.workers
+        ready = lambda: None not in self.store.applied_batches(workers)  # noqa: E731
+        self._wait_ready("work", ready, timeout, poll=0.05)
+        self.clock.mark("workers applied a batch")
 
     def wait_group_ready(self, timeout: float = WORK_READY_SECONDS) -> None:
         """Until every source of the grouping stage has started (consumer assigned, producer's
@@ -199,6 +227,7 @@ class Pipeline:
             return counters.sources_started(self.plan.sources)
 
         self._wait_ready("group", every_source_started, timeout, poll=0.1)
+        self.clock.mark("grouping sources ready")  # as polled: at most 0.1 s late
 
     def _wait_ready(
         self, stage: str, ready: Callable[[], bool], timeout: float, poll: float = 0.2
@@ -276,7 +305,10 @@ class Pipeline:
         while True:
             self.check(names)
             if all(self.stages[n].exit_code() == 0 for n in names):
+                self.sampler.snapshot(self.store)  # the stages are done: the last snapshot
                 return
+            # The processed counters every 0.1 s, a latency snapshot about once a second.
+            self.sampler.poll(self.store)
             now = time.monotonic()
             if deadline is not None and now > deadline:
                 waiting = [n for n in names if self.stages[n].exit_code() is None]
@@ -340,10 +372,10 @@ class Pipeline:
         """Where the run's records come from: ``keys``, or the user's ``--input-topic``."""
         return self.plan.input_topic or self.plan.names.keys_topic
 
-    def timeline(self) -> tuple[int | None, int | None, int | None]:
-        """Kafka timestamps (ms): the first record of ``keys``, the last of ``work`` (the
-        grouping stage done) and the last of ``results`` (the last window final). A user's
-        topic may hold records of long ago: its run starts at the first record of ``work``."""
+    def timeline(self) -> tuple[int | None, int | None, int | None, int | None]:
+        """Kafka timestamps (ms): the first and the last record of ``keys``, the last of
+        ``work`` (the grouping stage done) and the last of ``results`` (the last window final).
+        A user's topic may hold records of long ago: its run starts and ends with ``work``."""
         from confluent_kafka import TopicPartition
 
         names, consumer = self.plan.names, self._kafka()
@@ -352,21 +384,26 @@ class Pipeline:
             if self.plan.input_topic is None
             else (names.work_topic, self.plan.workers)
         )
+        ends = self._end_offsets(first_topic, first_partitions)
         firsts = [
-            _first_timestamp(consumer, TopicPartition(first_topic, p, 0))
-            for p, end in enumerate(self._end_offsets(first_topic, first_partitions))
+            kafka_io.first_timestamp(consumer, TopicPartition(first_topic, p, 0))
+            for p, end in enumerate(ends)
             if end > 0
         ]
+        lasts = [
+            kafka_io.last_timestamp(consumer, first_topic, p, end) for p, end in enumerate(ends)
+        ]
         routed = [
-            _last_timestamp(consumer, names.work_topic, p, end)
+            kafka_io.last_timestamp(consumer, names.work_topic, p, end)
             for p, end in enumerate(self._end_offsets(names.work_topic, self.plan.workers))
             if end > 0
         ]
         (results_end,) = self._end_offsets(names.results_topic, 1)
-        final = _last_timestamp(consumer, names.results_topic, 0, results_end)
+        final = kafka_io.last_timestamp(consumer, names.results_topic, 0, results_end)
         first = min((t for t in firsts if t is not None), default=None)
         last_routed = max((t for t in routed if t is not None), default=None)
-        return first, last_routed, final
+        last = max((t for t in lasts if t is not None), default=None)
+        return first, last, last_routed, final
 
     def summary(
         self, verification: RunVerification | RecountVerification | None = None
@@ -377,6 +414,9 @@ class Pipeline:
 
         plan, store = self.plan, self.store
         verification = verification or self.verify()
+        self.clock.mark("verified")
+        if not self.sampler.snapshots:
+            self.sampler.snapshot(store)
         loads = store.processed_per_worker(plan.workers).tolist()
         imbalance_final, _, max_avg_ratio = load_figures(loads)
         histograms = [store.latency_histogram(plan.workers, w) for w in range(plan.workers)]
@@ -387,11 +427,12 @@ class Pipeline:
         totals = store.window_totals()
         counters = GroupingStore(store.client, plan.run_id)
         dead = counters.dead_letters_by_reason()
-        first_ms, routed_ms, final_ms = self.timeline()
+        first_ms, last_ms, routed_ms, final_ms = self.timeline()
         seconds = (final_ms - first_ms) / 1000 if first_ms is not None and final_ms else None
         offered = (routed_ms - first_ms) / 1000 if first_ms is not None and routed_ms else None
         processed = sum(loads)
         distinct = totals.get("distinct_keys", 0)
+        timing = summary_timing(self.clock, self.sampler, plan.records, first_ms, last_ms, final_ms)
         return RunSummary(
             scheme=plan.scheme,
             run_id=plan.run_id,
@@ -425,6 +466,7 @@ class Pipeline:
             restarts={name: p.starts - 1 for name, p in self.stages.items() if p.starts > 1},
             wall_seconds=time.monotonic() - self.started_at,
             migrations=ControlPlane(store.client, plan.run_id).rebalances(),
+            **timing,
         )
 
     def verify(self) -> RunVerification | RecountVerification:
@@ -476,50 +518,6 @@ def _produced(store: StateStore) -> int | None:
     return produced_records(store) or None
 
 
-def _first_timestamp(consumer: Any, partition: Any, timeout: float = 10.0) -> int | None:
-    """The Kafka timestamp (ms) of the record at ``partition``'s offset, None if unreadable."""
-    consumer.assign([partition])
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.2)
-            if message is not None and message.error() is None:
-                return int(message.timestamp()[1])
-    finally:
-        consumer.unassign()
-    return None
-
-
-def _last_timestamp(
-    consumer: Any, topic: str, partition: int, end: int, timeout: float = 10.0
-) -> int | None:
-    """The latest Kafka timestamp (ms) among the last records before offset ``end``.
-
-    Reads a few records back, not just ``end - 1``: in a transactional topic the last offsets
-    are commit markers, which no consumer ever returns.
-    """
-    from confluent_kafka import TopicPartition
-
-    if end <= 0:
-        return None
-    start = TopicPartition(topic, partition, max(0, end - 32))
-    consumer.assign([start])
-    latest = None
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            message = consumer.poll(0.2)
-            if message is not None and message.error() is None:
-                stamp = int(message.timestamp()[1])
-                latest = stamp if latest is None else max(latest, stamp)
-            position = consumer.position([TopicPartition(topic, partition)])[0].offset
-            if position >= end:
-                break
-    finally:
-        consumer.unassign()
-    return latest
-
-
 # --- one whole run --------------------------------------------------------------------------
 
 
@@ -534,23 +532,26 @@ def run_pipeline(
     environ: Mapping[str, str] | None = None,
     on_start: Callable[[Pipeline], None] | None = None,
     on_end: Callable[[Pipeline, RunSummary], None] | None = None,
+    clock: RunClock | None = None,
 ) -> RunSummary:
     """Run every stage of ``plan`` to the end and summarize: the one way to run a plan whole.
 
     ``on_start`` sees the run once its stages started, ``on_end`` once it is summarized and
     before it is deleted (what else to read of it). Whatever happens, the stages are stopped
     and, unless ``keep``, the run's topics, Redis keys and checkpoint deleted; the stage logs
-    only when it succeeded. Raises :class:`StageFailedError` / :class:`PipelineError`.
+    only when it succeeded. ``clock`` is the command's start-up timeline (default: from the
+    call on). Raises :class:`StageFailedError` / :class:`PipelineError`.
     """
     settings = settings or config.load()
     summary: RunSummary | None = None
-    with Pipeline(plan, settings, log=log, environ=environ) as pipeline:
+    with Pipeline(plan, settings, log=log, environ=environ, clock=clock) as pipeline:
         try:
             pipeline.prepare()
             pipeline.start_all()
             if on_start is not None:
                 on_start(pipeline)
             pipeline.wait(timeout=timeout, on_progress=on_progress)
+            pipeline.clock.mark("every stage exited")  # as wait() polls them: 0.1 s
             summary = pipeline.summary()
             if on_end is not None:
                 on_end(pipeline, summary)

@@ -55,6 +55,17 @@ class RunSummary:
     migrations: list[dict[str, Any]] = field(default_factory=list)
     #: Records of a user's topic that came after their window closed (topic ``late``).
     late_records: int = 0
+    #: p50/p99 of the records applied after the first 20 % of the run's records were
+    #: (:func:`pipeline.runs.latency.steady_histogram`): the pipeline once warm.
+    latency_steady_p50_ms: float | None = None
+    latency_steady_p99_ms: float | None = None
+    #: Seconds from the command to the first record a worker applied.
+    first_applied_seconds: float | None = None
+    #: Per 5 s of wall time: {"start_s", "records", "p50_ms", "p99_ms"}
+    #: (:func:`pipeline.runs.latency.latency_windows`).
+    latency_windows: list[dict[str, Any]] = field(default_factory=list)
+    #: The start-up timeline: {"event", "seconds"} in time order (:mod:`pipeline.runs.run_clock`).
+    timeline: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def exact(self) -> bool:
@@ -83,6 +94,9 @@ class RunSummary:
             "offered_rate": rounded(self.offered_rate, 1),
             "latency_p50_ms": self.latency_p50_ms,
             "latency_p99_ms": self.latency_p99_ms,
+            "latency_steady_p50_ms": self.latency_steady_p50_ms,
+            "latency_steady_p99_ms": self.latency_steady_p99_ms,
+            "first_applied_seconds": self.first_applied_seconds,
             "imbalance_final": rounded(self.imbalance_final),
             "imbalance_fraction": rounded(
                 self.imbalance_final / self.records_processed if self.records_processed else 0.0,
@@ -100,6 +114,8 @@ class RunSummary:
             "restarts": self.restarts,
             "wall_seconds": round(self.wall_seconds, 3),
             "migrations": self.migrations,
+            "latency_windows": self.latency_windows,
+            "timeline": self.timeline,
         }
 
     def lines(self) -> list[str]:
@@ -126,7 +142,15 @@ class RunSummary:
             f"{self.dead_letters:,} dead letter(s), {self.late_records:,} late",
             f"throughput: {throughput}",
             f"latency (grouping stage to worker): p50 {_ms(self.latency_p50_ms)} ms, "
-            f"p99 {_ms(self.latency_p99_ms)} ms",
+            f"p99 {_ms(self.latency_p99_ms)} ms over the whole run; steady state (after 20 % "
+            f"of the records): p50 {_ms(self.latency_steady_p50_ms)} ms, "
+            f"p99 {_ms(self.latency_steady_p99_ms)} ms",
+            "first record applied: "
+            + (
+                f"{self.first_applied_seconds:.1f} s after the command"
+                if self.first_applied_seconds is not None
+                else "n/a"
+            ),
             f"balance: imbalance max-avg {self.imbalance_final:,.1f} records, "
             f"max/avg {self.max_avg_ratio:.3f}; replication {replication}",
         ]
@@ -142,6 +166,22 @@ class RunSummary:
                 f"longest migration {longest:.2f} s"
             )
         return out
+
+
+def window_lines(windows: list[dict[str, Any]]) -> list[str]:
+    """The latency windows as a table: start (seconds since the command), records, p50, p99.
+
+    >>> print("\\n".join(window_lines([{"start_s": 30.0, "records": 41_000, "p50_ms": 631.0,
+    ...     "p99_ms": 1122.0}])))
+     window s    records    p50 ms    p99 ms
+         30.0     41,000     631.0   1,122.0
+    """
+    out = [f"{'window s':>9} {'records':>10} {'p50 ms':>9} {'p99 ms':>9}"]
+    for w in windows:
+        out.append(
+            f"{w['start_s']:>9.1f} {w['records']:>10,} {_ms(w['p50_ms']):>9} {_ms(w['p99_ms']):>9}"
+        )
+    return out
 
 
 def _ms(value: float | None) -> str:

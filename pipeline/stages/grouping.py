@@ -211,6 +211,28 @@ class GroupingSource:
         if self.tables is not None:
             self.tables.start(self.table_version)
         self.checkpoint.resume(control_plane.now_ms())
+        self._announce()
+
+    def _announce(self) -> None:
+        """Commit one transaction of this source's TABLE_SWITCH marker, at the version it
+        resumes with, to every ``work`` partition: the workers' next micro-batch reads, decodes
+        and applies a row each, so their Kafka consumers, Python workers and Redis script are
+        warm before the first record arrives. A version never goes down at a worker, so the
+        marker repeats what the workers know (docs/design.md#grouping-stage)."""
+        workers, version = self.config.n_workers, self.table_version
+        marker = records.encode_marker(Kind.TABLE_SWITCH, self.source, table_version=version)
+        output = BatchOutput(
+            [],
+            [],
+            [],
+            reasons=np.zeros(0, dtype=np.int8),
+            data_rows=np.zeros(0, dtype=np.int64),
+            switch_markers=[marker],
+            routed=np.zeros(workers, dtype=np.int64),
+            dead_letter_counts=np.zeros(len(REASONS), dtype=np.int64),
+        )
+        # An aborted announcement costs only the warm start: the first batch then warms up.
+        self.checkpoint.commit(output, [], self.watermark, version, offsets=False)
 
     def run(self, should_stop: Callable[[], bool] = lambda: False) -> SourceSummary:
         """Process batches until ``should_stop()`` or, with ``until_end``, END_OF_STREAM."""

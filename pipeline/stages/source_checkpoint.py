@@ -216,11 +216,18 @@ class SourceCheckpoint:
         self._producer = None
 
     def commit(
-        self, output: BatchOutput, messages: list[Any], watermark: Watermark, table_version: int
+        self,
+        output: BatchOutput,
+        messages: list[Any],
+        watermark: Watermark,
+        table_version: int,
+        *,
+        offsets: bool = True,
     ) -> bool:
         """Send ``output``, count it and commit the batch's offset in one transaction; False
-        if the broker aborted it (nothing of it is visible: the batch is read again)."""
-        from confluent_kafka import KafkaException, TopicPartition
+        if the broker aborted it (nothing of it is visible: the batch is read again). Without
+        ``offsets`` (markers alone, no batch) the committed offset stays as it is."""
+        from confluent_kafka import KafkaException
 
         # No messages: an idle source's transaction of markers alone.
         first = messages[0].offset() if messages else -1
@@ -231,18 +238,8 @@ class SourceCheckpoint:
             self._send(output)
             if messages:
                 self._count(output, messages, first, last)
-            with self._watchdog.guard("send_offsets_to_transaction"):
-                producer.send_offsets_to_transaction(
-                    [
-                        TopicPartition(
-                            self.topic,
-                            self.source,
-                            last + 1,
-                            metadata=offset_metadata(watermark, table_version),
-                        )
-                    ],
-                    self._group_metadata,
-                )
+            if offsets:
+                self._send_offsets(last + 1, watermark, table_version)
             self._commit()
         except KafkaException as exception:
             self._abort(exception.args[0], first, bool(messages))
@@ -250,6 +247,18 @@ class SourceCheckpoint:
         self._failures = 0
         self.next_offset = last + 1
         return True
+
+    def _send_offsets(self, offset: int, watermark: Watermark, table_version: int) -> None:
+        """Commit ``offset``, with the watermark state and table version as its metadata, in
+        the open transaction."""
+        from confluent_kafka import TopicPartition
+
+        metadata = offset_metadata(watermark, table_version)
+        with self._watchdog.guard("send_offsets_to_transaction"):
+            self._producer.send_offsets_to_transaction(
+                [TopicPartition(self.topic, self.source, offset, metadata=metadata)],
+                self._group_metadata,
+            )
 
     def _abort(self, error: Any, first: int, read_again: bool) -> None:
         """Abort an abortable transaction and seek back to its first offset; a fatal error,

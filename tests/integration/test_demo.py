@@ -78,6 +78,38 @@ def test_demo_pkg_100000_verify_json_is_exact_and_reports_the_contract_fields(
     assert 1.0 < report["replication"] <= 2.0
     # Progress went to stderr, the JSON alone to stdout.
     assert "produced" in captured.err and captured.out.count("\n") == 1
+    # The start-up timeline: the orchestrator's events in the order it meets them (every stage
+    # but the producers starts at once; the producers once a batch went through every worker),
+    # the first record applied after the producers started, every event's seconds in order.
+    at = {e["event"]: e["seconds"] for e in report["timeline"]}
+    order = [
+        "command started",
+        "services checked",
+        "run prepared",
+        "work started",
+        "aggregate started",
+        "group started",
+        "Spark workers ready",
+        "grouping sources ready",
+        "workers applied a batch",
+        "producers started",
+        "verified",
+    ]
+    assert [at[event] for event in order] == sorted(at[event] for event in order)
+    assert at["command started"] == 0
+    assert at["producers started"] < at["first record applied"] <= at["last record applied"]
+    assert at["first record applied"] <= at["every window final"] < at["verified"]
+    assert {"first record produced", "last record produced"} <= set(at)
+    seconds = [e["seconds"] for e in report["timeline"]]
+    assert seconds == sorted(seconds)
+    assert report["first_applied_seconds"] == at["first record applied"]
+    # Every record counts in one 5 s window; the steady state is there or (a backlog applied
+    # in one jump past 20 %) empty.
+    windows = report["latency_windows"]
+    assert sum(w["records"] for w in windows) == 100_000
+    assert all(w["start_s"] % 5 == 0 for w in windows)
+    steady = (report["latency_steady_p50_ms"], report["latency_steady_p99_ms"])
+    assert steady == (None, None) or 0 < steady[0] <= steady[1]
 
 
 def _children(pid: int) -> dict[int, str]:
