@@ -209,6 +209,10 @@ def worker_families(
     return out
 
 
+#: How long the lag reader's first request (its connection) may take.
+CONNECT_TIMEOUT_SECONDS = 10.0
+
+
 class WorkTopicLag:
     """End offsets of topic ``work`` (read_committed: the last stable offset) against the
     offsets the streaming query committed (its checkpoint)."""
@@ -227,7 +231,15 @@ class WorkTopicLag:
 
         if self._consumer is None:
             group = f"skewer-metrics-{os.getpid()}"
-            self._consumer = Consumer(kafka_io.consumer_config(self.bootstrap, group))
+            consumer = Consumer(kafka_io.consumer_config(self.bootstrap, group))
+            try:
+                # The first request also connects to the cluster, which can take longer than
+                # a scrape's per-partition timeout on a busy machine; later ones are quick.
+                consumer.list_topics(self.topic, timeout=CONNECT_TIMEOUT_SECONDS)
+            except Exception:
+                consumer.close()
+                raise
+            self._consumer = consumer
         return [
             int(
                 self._consumer.get_watermark_offsets(
