@@ -137,7 +137,14 @@ def two_runs_sharing(master: str, settings: config.Settings, tag: str) -> Iterat
         for pipeline in pipelines:
             pipeline.wait_work_ready()
         for pipeline in pipelines:
-            pipeline.start_all([s for s in pipeline.plan.stages if s != "work"])
+            pipeline.start_all([s for s in pipeline.plan.stages if s not in ("work", "produce")])
+        # Both runs' producers start together, once both runs are ready for them, so the pkg
+        # run's longer stream is still going when the mixed run migrates.
+        for pipeline in pipelines:
+            pipeline.wait_group_ready()
+            pipeline.wait_workers_applied()
+        for pipeline in pipelines:
+            pipeline.start("produce")
         wait_for_the_fault_moment(pipelines[1])
         pkg = pipelines[0]
         assert pkg.progress().processed < pkg.plan.records, "the pkg run ended before the fault"
