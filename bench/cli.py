@@ -10,7 +10,9 @@ its latency under a paced stream, with and without two of its settings, into
 (services must answer) into ``end_to_end.md``; ``skewer bench migration`` runs each
 routing-table scheme live with its controller, and in the simulator, into ``migration.md``.
 ``skewer bench scale`` runs the workers on 1, 2 and 4 Spark executors and the grouping stage on
-topics of 1 and 3 replicas into ``scale.md``. ``--out DIR`` writes elsewhere.
+topics of 1 and 3 replicas into ``scale.md``. ``skewer bench startup`` times ``skewer demo``
+from the command to its first result, and a cold ``skewer work`` against a cold Spark
+application, into ``startup.md``. ``--out DIR`` writes elsewhere.
 """
 
 from __future__ import annotations
@@ -94,6 +96,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     scale.add_argument("--out", type=Path, help="output directory (default bench/results)")
     scale.set_defaults(handler=run_scale)
+    startup = commands.add_parser(
+        "startup", help="command to first result; a cold worker stage against a cold Spark app"
+    )
+    startup.add_argument("--records", type=int, default=600_000, help="demo records (600000)")
+    startup.add_argument(
+        "--rate", type=float, default=10_000.0, help="demo records/s offered (10000)"
+    )
+    startup.add_argument("--rounds", type=int, default=2, help="rounds of each part (2)")
+    startup.add_argument(
+        "--work-records", type=int, default=1_000_000, help="records of the cold runs (1000000)"
+    )
+    startup.add_argument("--only", dest="part", choices=("demo", "cold"), help="run this part only")
+    startup.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    startup.set_defaults(handler=run_startup)
 
 
 def _command(args: argparse.Namespace, *flags: str) -> str:
@@ -271,5 +287,45 @@ def run_scale(args: argparse.Namespace) -> int:
         result = scale.run(executor_records=args.records, cpu_cost_us=args.cpu_cost_us, log=_log)
     except PipelineError as error:
         print(f"skewer bench scale: error: {error}", file=sys.stderr)
+        return 1
+    return _write(result, args.out, command, time.perf_counter() - began)
+
+
+def run_startup(args: argparse.Namespace) -> int:
+    from bench import startup
+    from pipeline.cli.arguments import UsageError, require_at_least
+
+    require_at_least(
+        1,
+        ("--records", args.records),
+        ("--rounds", args.rounds),
+        ("--work-records", args.work_records),
+    )
+    if not args.rate > 0:
+        raise UsageError(f"--rate must be > 0, got {args.rate:g}")
+    command = _command(
+        args,
+        "--records",
+        str(args.records),
+        "--rate",
+        f"{args.rate:g}",
+        "--rounds",
+        str(args.rounds),
+        "--work-records",
+        str(args.work_records),
+        *(["--only", args.part] if args.part else []),
+    )
+    began = time.perf_counter()
+    try:
+        result = startup.run(
+            records=args.records,
+            rate=args.rate,
+            rounds=args.rounds,
+            work_records=args.work_records,
+            parts=[args.part] if args.part else startup.PARTS,
+            log=_log,
+        )
+    except startup.StartupBenchError as error:
+        print(f"skewer bench startup: error: {error}", file=sys.stderr)
         return 1
     return _write(result, args.out, command, time.perf_counter() - began)

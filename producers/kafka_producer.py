@@ -126,6 +126,29 @@ def write_truth(
         add_once(client, marker, increments[first : first + TRUTH_CHUNK], replicas)
 
 
+#: Seconds a gated producer waits for its run's go before it gives up (the orchestrator gives
+#: Spark 180 s to start).
+GATE_SECONDS = 240.0
+
+
+def wait_for_go(
+    client: redis.Redis, names: kafka_io.RunNames, timeout: float = GATE_SECONDS
+) -> None:
+    """Until the run's ``producers:go`` key is set (``skewer produce --gated``); RuntimeError
+    after ``timeout`` seconds. Polled every 10 ms: the first record leaves within 10 ms."""
+    key = RunKeys(names.run_id).producers_go()
+    deadline = time.monotonic() + timeout
+    while not client.exists(key):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"run {names.run_id!r} gave no go within {timeout:.0f} s")
+        time.sleep(0.01)
+
+
+def open_gate(client: redis.Redis, run_id: str) -> None:
+    """Let the run's gated producers send."""
+    client.set(RunKeys(run_id).producers_go(), 1)
+
+
 def _split_keys(keys: KeyBatch) -> list[bytes]:
     """The keys as bytes objects, sliced from one ``bytes`` copy of the buffer (fast)."""
     raw = keys.data.tobytes()
@@ -173,6 +196,7 @@ def produce_stream(
     progress: Callable[[int], None] | None = None,
     on_acked: Callable[[int], None] | None = None,
     redis_replicas: int = 0,
+    wait_to_start: Callable[[], None] | None = None,
 ) -> ProduceResult:
     """Send ``keys`` to ``keys``-topic partitions 0..S-1 and record the truth; see the module.
 
@@ -183,10 +207,27 @@ def produce_stream(
     exactly ``n`` once all are acknowledged). Per chunk, not per record: delivery reports
     come for failures only. ``redis_replicas``: how many Redis replicas must hold the truth
     and the counts sent before they count as written (:func:`pipeline.io.redis_client.
-    replicas_to_wait`), so a failover of the primary loses neither.
+    replicas_to_wait`), so a failover of the primary loses neither. ``wait_to_start()`` is
+    called once the stream is planned, its truth written and the producer connected, before
+    the first record is sent (a gated producer waits there for its run to be ready; paced
+    event times then start when it started, ahead of the first send by the wait).
     """
     from confluent_kafka import Producer
 
+    failures: list[str] = []
+
+    def on_delivery(error: Any, _message: Any) -> None:
+        if error is not None:
+            failures.append(str(error))
+
+    # Reports of failures only: a Python callback per acknowledged record would cost more than
+    # the produce call itself.
+    producer = Producer(
+        kafka_io.producer_config(
+            bootstrap, on_delivery=on_delivery, **{"delivery.report.only.error": True}
+        )
+    )
+    topic = names.keys_topic
     n = len(keys)
     paced = rate is not None
     if paced:
@@ -205,20 +246,6 @@ def produce_stream(
     # A producer's record opens a new window when its previous record (i - S) was in another.
     opens_window = np.zeros(n, dtype=bool)
     opens_window[sources:] = windows[sources:] != windows[:-sources]
-    failures: list[str] = []
-
-    def on_delivery(error: Any, _message: Any) -> None:
-        if error is not None:
-            failures.append(str(error))
-
-    # Reports of failures only: a Python callback per acknowledged record would cost more than
-    # the produce call itself.
-    producer = Producer(
-        kafka_io.producer_config(
-            bootstrap, on_delivery=on_delivery, **{"delivery.report.only.error": True}
-        )
-    )
-    topic = names.keys_topic
     watermarks = 0
 
     def send(key: bytes, value: bytes, partition: int) -> None:
@@ -230,8 +257,14 @@ def produce_stream(
         send(b"", marker[0], p)
         watermarks += 1
 
+    if wait_to_start is not None:
+        producer.list_topics(topic, timeout=30)  # connected, metadata known: no first-send wait
+        wait_to_start()
     began = time.perf_counter()
-    # Paced: record i is due at its own event time (wall clock), sent in 10 ms chunks.
+    # Paced: record i is due i / R seconds after the first, sent in 10 ms chunks. From the
+    # first send, not from start_ms: the time the truth took, or a gate's wait, would otherwise
+    # be a backlog sent at once.
+    sending_from = time.time()
     chunk = max(1, int(rate // 100)) if paced else 65_536  # type: ignore[operator]
     producers = plan.producer.tolist()
     seqs = plan.seq.tolist()
@@ -239,7 +272,7 @@ def produce_stream(
     for first in range(0, n, chunk):
         last = min(n, first + chunk)
         if paced:
-            wait = (start_ms + first * 1000.0 / event_rate) / 1000.0 - time.time()
+            wait = sending_from + first / event_rate - time.time()
             if wait > 0:
                 time.sleep(wait)
         flags = opens_window[first:last].tolist()

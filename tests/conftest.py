@@ -25,6 +25,7 @@ import re
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -167,8 +168,22 @@ def redis_url(redis: redis_module.Redis) -> str:
     return f"redis://{password}{kwargs['host']}:{kwargs['port']}/{kwargs['db']}"
 
 
+@pytest.fixture(scope="session")
+def spark_class_archive(kafka: str, redis_url: str) -> Path | None:
+    """The Spark driver's class archive, built once if missing, as ``skewer services up``
+    does: every Spark session the tests start (theirs and the stages') maps it."""
+    from pipeline.runs.class_archive import ensure_class_archive
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(config.ENV_KAFKA_BOOTSTRAP, kafka)
+        patch.setenv(config.ENV_REDIS_URL, redis_url)
+        return ensure_class_archive(config.load(), print)
+
+
 @pytest.fixture(scope="module")
-def settings(kafka: str, redis_url: str) -> Iterator[config.Settings]:
+def settings(
+    kafka: str, redis_url: str, spark_class_archive: Path | None
+) -> Iterator[config.Settings]:
     """The test services' settings, also in the environment of every ``skewer`` subprocess the
     module's tests start (exporters on free ports, whatever the caller's environment says)."""
     with pytest.MonkeyPatch.context() as patch:
@@ -204,7 +219,7 @@ def prometheus(service_backend: NativeBackend | DockerBackend) -> str:
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
+def spark(spark_class_archive: Path | None) -> Iterator[SparkSession]:
     """A local SparkSession with Spark's Kafka source on its classpath."""
     from pipeline.io.spark_session import build_spark_session
 

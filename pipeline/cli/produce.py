@@ -7,8 +7,9 @@ Layer: cli.
 is created with S partitions if missing. Event time is synthetic (``--event-rate`` records per
 second of event time) unless ``--rate R`` paces real time at R records per second. The count of
 every (key, window) goes to Redis (``skewer:{run}:truth:{window}``) before sending; the command
-exits when every record is acknowledged. ``--json`` prints one object (records, windows,
-seconds, rate). Exit 2 on bad arguments, 1 when Kafka or Redis does not answer.
+exits when every record is acknowledged. ``--gated`` starts up (workload, plan, truth, Kafka
+connection) and then waits for the run's go before it sends. ``--json`` prints one object (records,
+windows, seconds, rate). Exit 2 on bad arguments, 1 when Kafka or Redis does not answer.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--start-ms", type=int, help="synthetic event time of record 0 (default: now, aligned)"
     )
+    parser.add_argument(
+        "--gated",
+        action="store_true",
+        help="start up, then wait for the run's go (skewer demo gives it once the workers are "
+        "ready) before sending",
+    )
     add_stage_arguments(parser, scheme_label=True, until_end=None)
     parser.set_defaults(handler=run)
 
@@ -57,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.cli.arguments import UsageError, require_at_least
     from pipeline.io import config, kafka_io
     from pipeline.io.redis_client import connect_redis, replicas_to_wait
-    from producers.kafka_producer import produce_stream
+    from producers.kafka_producer import produce_stream, wait_for_go
     from producers.workloads import WorkloadError, parse
 
     require_at_least(
@@ -99,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
             start_ms=args.start_ms,
             on_acked=producer_metrics.ProducerMetrics(exporter.labels, args.sources).acked,
             redis_replicas=replicas_to_wait(settings.redis_url),
+            wait_to_start=(lambda: wait_for_go(redis_client, names)) if args.gated else None,
         )
     except RuntimeError as error:
         print(f"skewer produce: error: {error}", file=sys.stderr)

@@ -7,7 +7,8 @@ changes nothing); ``down`` stops exactly the processes ``up`` started; ``status`
 line per service and exits 1 if any is down; ``install`` only fetches Kafka's jars and Spark's
 Kafka source (Maven, once) and checks the Debian binaries. Exit code 1 with one line
 ``skewer services: <name> failed to start (<why>); see <log>; its log ends: <its last line>``
-when a service does not come up.
+when a service does not come up. ``up`` of Kafka and Redis also builds the Spark driver's class
+archive, once per JDK and PySpark (docs/performance.md#start-up).
 ``up --spark-workers N`` also starts a Spark standalone master (``spark://127.0.0.1:17077``,
 ``$SKEWER_SPARK_STANDALONE``) and N workers of ``--spark-worker-cores C`` cores each (4), for
 ``--spark-master`` of ``skewer work`` and ``skewer demo``; ``status`` and ``down`` cover them.
@@ -84,6 +85,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
+def _runs_workers(names: list[str]) -> bool:
+    """Whether the services asked for are the ones a worker stage needs (all, by default)."""
+    return not names or {"kafka", "redis"} <= set(names)
+
+
 def run(args: argparse.Namespace) -> int:
     settings = config.load()
     for flag, given, actions in (
@@ -123,6 +129,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     for state in states:
         print(state.line())
+    if args.action == "up" and _runs_workers(args.names):
+        from pipeline.runs.class_archive import ensure_class_archive
+
+        ensure_class_archive(settings, lambda line: print(line, file=sys.stderr))
     if args.redis_sentinel:
         print(f"clients of the Sentinel set: export SKEWER_REDIS_URL={settings.redis_sentinel_url}")
     if args.action == "up" and (args.docker or docker_engine.NAME in args.names):

@@ -56,6 +56,11 @@ class RunKeys:
         """Records producer ``producer`` sent (``"*"``: a SCAN pattern)."""
         return f"{self.prefix}producer:{producer}:sent"
 
+    def producers_go(self) -> str:
+        """Set once the run's workers are ready; gated producers (``skewer produce --gated``)
+        wait for it after their own start-up."""
+        return f"{self.prefix}producers:go"
+
     def added_truth(self, write_id: str, chunk: int) -> str:
         """Marker of one chunk of a producer's truth additions (:data:`ADD_ONCE_SCRIPT`)."""
         return f"{self.prefix}added:{write_id}:truth:{chunk}"

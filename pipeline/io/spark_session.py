@@ -19,11 +19,16 @@ the jars above are served by the driver. The driver binds to 127.0.0.1 when ever
 on this machine (a local master, or a ``spark://`` master on a loopback address); otherwise
 Spark's own choice holds, which ``SPARK_LOCAL_IP`` or ``spark.driver.host`` in
 ``$SPARK_CONF_DIR/spark-defaults.conf`` override.
+
+The driver's JVM maps a worker stage's classes from a class-data-sharing archive built for this
+JDK and these jars (:func:`class_archive_path`; docs/performance.md#start-up).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -37,6 +42,13 @@ if TYPE_CHECKING:
 
 #: log4j2 configuration of the driver JVM: warnings and errors only, on standard error.
 LOG4J2_CONFIG = config.DEPLOY_DIR / "spark" / "log4j2.properties"
+
+#: ``off``: start the driver without the class archive (the start-up benchmark measures both);
+#: ``dump:PATH``: the archive's training run, whose JVM writes the classes it loaded to PATH
+#: when it exits.
+CLASS_ARCHIVE_ENV = "SKEWER_SPARK_CLASS_ARCHIVE"
+#: A stale or foreign archive is ignored by the JVM; these keep it from saying so on stderr.
+_QUIET_ARCHIVE = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
 
 
 #: Seconds a new session on a cluster may take until its executors offer the cores it needs,
@@ -139,7 +151,7 @@ def build_spark_session(
     from pyspark.sql import SparkSession
 
     jars = ",".join(str(jar) for jar in kafka_source_jars(settings))
-    quiet_logging = f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}"
+    java_options = driver_java_options(settings or config.load())
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)
@@ -147,7 +159,7 @@ def build_spark_session(
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.driver.extraJavaOptions", quiet_logging)
+        .config("spark.driver.extraJavaOptions", " ".join(java_options))
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
     )
     if loopback:
@@ -159,3 +171,48 @@ def build_spark_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def driver_java_options(settings: config.Settings) -> list[str]:
+    """The driver JVM's options: warnings and errors only, and the class archive."""
+    return [f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}", *class_archive_options(settings)]
+
+
+def _java_executable() -> Path | None:
+    """The java Spark's launcher runs: ``$JAVA_HOME/bin/java``, else the one on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    return Path(found).resolve() if found and Path(found).exists() else None
+
+
+def class_archive_path(settings: config.Settings) -> Path | None:
+    """Where the driver's class archive for this JDK and these jars lives (None without java).
+
+    The JVM only maps an archive written by the same JDK build over the same class path, and
+    checks that itself; the name's digest of the java binary and of every jar on Spark's
+    class path makes a new JDK or PySpark build a new archive instead of an unused old one.
+    """
+    java = _java_executable()
+    if java is None:
+        return None
+    import pyspark
+
+    jars = sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+    digest = hashlib.sha256()
+    for path in (java, *jars):
+        stat = path.stat()
+        digest.update(f"{path}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return settings.cache_dir / "spark" / f"driver-classes-{digest.hexdigest()[:16]}.jsa"
+
+
+def class_archive_options(settings: config.Settings) -> list[str]:
+    """The driver JVM's options for its class archive (:data:`CLASS_ARCHIVE_ENV`): map it
+    when it exists, write it in a training run, nothing when switched off or absent."""
+    mode = os.environ.get(CLASS_ARCHIVE_ENV, "")
+    if mode.startswith("dump:"):
+        return [f"-XX:ArchiveClassesAtExit={mode.removeprefix('dump:')}", *_QUIET_ARCHIVE]
+    archive = None if mode == "off" else class_archive_path(settings)
+    # A missing file would switch off the JDK's own base archive too.
+    if archive is None or not archive.is_file():
+        return []
+    return [f"-XX:SharedArchiveFile={archive}", *_QUIET_ARCHIVE]

@@ -4,8 +4,8 @@ Layer: runs.
 
 :class:`Pipeline` starts each stage of a :class:`~pipeline.runs.plan.RunPlan` as the command a
 user would type (``python -m pipeline.cli ...``), so a run exercises exactly the product's entry
-points: ``work`` first (until Spark committed a micro-batch), then ``aggregate``, ``control``,
-``group`` and ``produce``; the run is over when every stage exited 0 at END_OF_STREAM, and a
+points: all at once, the producers held at a gate until every worker applied a micro-batch
+(:meth:`Pipeline.start_all`); the run is over when every stage exited 0 at END_OF_STREAM, and a
 stage that fails stops it. It reports progress about once a second, marks the start-up
 timeline (:mod:`pipeline.runs.run_clock`) and samples the latency while it waits
 (:mod:`pipeline.runs.latency`), reads the figures (:meth:`Pipeline.summary`, a
@@ -169,36 +169,52 @@ class Pipeline:
         except kafka_io.KafkaIOError as error:
             raise PipelineError(str(error)) from None
 
-    def start(self, stage: str) -> StageProcess:
-        """Start ``stage`` (again, after :meth:`kill`: same arguments, logs appended)."""
+    def start(self, stage: str, *, gated: bool = False) -> StageProcess:
+        """Start ``stage`` (again, after :meth:`kill`: same arguments, logs appended).
+        ``gated`` producers start up and wait for :meth:`release_producers`."""
         previous = self.stages.get(stage)
         if previous is not None and previous.exit_code() is None:
             raise PipelineError(f"{stage} is still running")
         argv = [self.python, "-m", "pipeline.cli", *self.plan.argv(stage, self.settings)]
+        if gated:
+            argv.append("--gated")
         starts = previous.starts + 1 if previous is not None else 1
         self.stages[stage] = start_stage(stage, argv, self.log_dir, self.environ, starts)
         # The subprocess exists: the stage's own start-up (imports, Spark's JVM) comes after.
-        self.clock.mark("producers started" if stage == "produce" else f"{stage} started")
+        self.clock.mark(
+            "producers started" if stage == "produce" and not gated else f"{stage} started"
+        )
         return self.stages[stage]
 
+    def release_producers(self) -> None:
+        """Let gated producers send (a producer started later is not gated)."""
+        from producers.kafka_producer import open_gate
+
+        open_gate(self.store.client, self.plan.run_id)
+        self.clock.mark("producers started")
+
     def start_all(self, stages: Sequence[str] | None = None, *, ready_timeout: float = 0) -> None:
-        """Start ``stages`` (default: the plan's) in :data:`STAGES` order, the producers last:
-        once ``work`` is ready and ``group`` is. The other stages start up while Spark does, so
-        their start-up adds nothing to the wait; the producers wait, or their first records
-        would measure Spark's start-up, not the pipeline."""
+        """Start ``stages`` (default: the plan's) at once, in :data:`STAGES` order, and let the
+        producers send once ``work`` is ready and ``group`` is. Every stage starts up while
+        Spark does, so its start-up adds nothing to the wait; the producers wait at their
+        gate, or their first records would measure Spark's start-up, not the pipeline."""
         stages = self.plan.stages if stages is None else stages
         timeout = ready_timeout or WORK_READY_SECONDS
-        for stage in (s for s in STAGES if s in stages and s != "produce"):
-            self.start(stage)
+        gated = "produce" in stages and "work" in stages
+        for stage in (s for s in STAGES if s in stages and (gated or s != "produce")):
+            self.start(stage, gated=stage == "produce")
         if "work" in stages:
             began = time.monotonic()
             self.log("waiting for the Spark workers to start ...")
             self.wait_work_ready(timeout)
             self.log(f"Spark workers ready after {time.monotonic() - began:.1f} s")
-        if "produce" in stages:
-            if "group" in stages:
-                self.wait_group_ready(timeout)
+        if "group" in stages and "produce" in stages:
+            self.wait_group_ready(timeout)
+            if "work" in stages:
                 self.wait_workers_applied(timeout)
+        if gated:
+            self.release_producers()
+        elif "produce" in stages:
             self.start("produce")
         self.log(f"running: {', '.join(s for s in STAGES if s in stages)}")
 
@@ -214,8 +230,11 @@ class Pipeline:
         (a marker to every partition) went through the whole path -- Kafka, the Python
         workers, the Redis apply -- so the first records do not wait for it to warm up."""
         workers = self.plan.workers
-        ready = lambda: None not in self.store.applied_batches(workers)  # noqa: E731
-        self._wait_ready("work", ready, timeout, poll=0.05)
+
+        def every_worker_applied() -> bool:
+            return None not in self.store.applied_batches(workers)
+
+        self._wait_ready("work", every_worker_applied, timeout, poll=0.05)
         self.clock.mark("workers applied a batch")
 
     def wait_group_ready(self, timeout: float = WORK_READY_SECONDS) -> None:

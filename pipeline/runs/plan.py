@@ -217,7 +217,7 @@ class RunPlan:
             out += ["--spark-master", self.spark_master]
             if self.tasks is not None:
                 out += ["--tasks", str(self.tasks)]
-            return [*out, *run, "--until-end", "--json"]
+            return [*out, *run, "--until-end", "--verbose", "--json"]
         if stage == "control":
             out = ["control", "--scheme", self.scheme, *workers, "--sources", str(self.sources)]
             out += ["--interval", _number(self.control_interval), *params]

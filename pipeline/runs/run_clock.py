@@ -39,6 +39,7 @@ EVENTS = (
     "aggregate started",
     "control started",
     "group started",
+    "produce started",
     "grouping sources ready",
     "workers applied a batch",
     "producers started",

@@ -202,9 +202,10 @@ class GroupingSource:
 
     def start(self) -> None:
         """Fence predecessors, abort their open transaction, resume from the committed offset."""
-        # Compile (or load from numba's cache) the scheme's kernels now, on a throwaway object,
-        # so the first live batch does not pay for it.
+        # Compile (or load from numba's cache) the scheme's and the input's kernels now, the
+        # scheme's on a throwaway object, so the first live batch does not pay for them.
         create_scheme(self.config, self.source).route(KeyBatch.from_strings(["warm", "up"]))
+        self.input.warm_up()
         committed = self.checkpoint.open()
         self.watermark, self.table_version = parse_offset_metadata(committed, self.watermark)
         self.input.start(self.checkpoint.consumer, self.watermark)

@@ -198,6 +198,10 @@ class SkewerRecords:
     def start(self, consumer: Any, watermark: Watermark) -> None:
         """Nothing to look up before the first batch."""
 
+    def warm_up(self) -> None:
+        """Load the validation's compiled kernels now, not in the first live batch."""
+        validate([b"k"], records.encode_input(np.zeros(1), np.zeros(1), np.zeros(1)))
+
     def decode(self, messages: list[Any], watermark: Watermark) -> DecodedBatch:
         """Validate ``messages``; their producers' watermarks update ``watermark``."""
         assert isinstance(watermark, SourceWatermark)
@@ -292,6 +296,10 @@ class UserTopicRecords:
             self._first_offset, watermark.end_offset = kafka_io.watermark_offsets(
                 consumer, TopicPartition(self.spec.topic, self.source), timeout=60
             )
+
+    def warm_up(self) -> None:
+        """Load the extractor's compiled kernels now, not in the first live batch."""
+        self.spec.extractor.extract([b"{}"], [b"k"], np.zeros(1, dtype=np.int64))
 
     def decode(self, messages: list[Any], watermark: Watermark) -> DecodedBatch:
         """Extract key and time, set late records aside; the records' times, the idle floor

@@ -35,7 +35,6 @@ from pipeline.stages.worker_task import (
     TaskSummary,
     WorkerConfigError,
     WorkerJobError,
-    warm_up,
 )
 
 if TYPE_CHECKING:
@@ -64,6 +63,9 @@ CHECKPOINT_FILE_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 )
 CHECKPOINT_FILE_MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
+#: The Python daemon Spark forks the tasks' Python workers from: this one loads their modules
+#: and kernels before it forks.
+PYTHON_DAEMON_MODULE = "pipeline.stages.python_daemon"
 
 
 @dataclass(frozen=True)
@@ -260,7 +262,6 @@ def run(
         if on_batch is not None:
             on_batch(batch_id, summaries)
 
-    warm_up(spark, options.task_count)
     started = time.monotonic()
     query = start_query(spark, options, count_batch)
     try:
@@ -313,11 +314,12 @@ def job_session(options: WorkOptions) -> SparkSession:
     standalone = (
         {"spark.cores.max": str(options.task_count)} if master.startswith("spark://") else {}
     )
+    daemon = {"spark.python.daemon.module": PYTHON_DAEMON_MODULE}
     spark = build_spark_session(
         f"skewer-work-{options.run_id}",
         master=master,
         shuffle_partitions=slots,
-        extra_conf=standalone,
+        extra_conf={**standalone, **daemon},
     )
     try:
         require_executor_cores(spark, options.task_count)
@@ -339,7 +341,9 @@ def log_batch(batch_id: int, summaries: list[TaskSummary]) -> None:
         f"decode {slowest.decode_seconds:.3f}, wait {slowest.wait_seconds:.3f}, "
         f"count {slowest.count_seconds:.3f}, apply {slowest.apply_seconds:.3f})"
     )
+    now = time.time()
     print(
+        f"{time.strftime('%H:%M:%S', time.localtime(now))}.{int(now * 1000) % 1000:03d} "
         f"batch {batch_id}: records per worker {dict(sorted(loads.items()))}{parts}"
         + (f", {skipped} replayed (skipped)" if skipped else ""),
         file=sys.stderr,

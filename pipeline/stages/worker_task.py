@@ -29,7 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -40,9 +40,6 @@ from pipeline.io import records
 from pipeline.io.extractors import Extractor
 from pipeline.io.state_store import StateStore, WorkerBatch, latency_buckets
 from pipeline.stages import user_topic
-
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
 
 
 class WorkerJobError(Exception):
@@ -399,11 +396,9 @@ def _summary_arrow_schema() -> pa.Schema:
     )
 
 
-def _warm_up_task(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Load in this Python worker what every task uses (modules, compiled kernels) by running
-    a task's pure part on a small made-up batch; yields one row."""
-    for _ in batches:
-        pass
+def load_kernels() -> None:
+    """Load what every task uses (modules, compiled kernels) by running a task's pure part on
+    a small made-up batch (the workers' Python daemon does, before it forks them)."""
     inputs, _ = records.decode_input(
         records.encode_input(np.arange(64), np.zeros(64), np.arange(64))
     )
@@ -412,14 +407,3 @@ def _warm_up_task(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
     to_worker_batch(
         decoded, np.zeros(64), worker=0, batch_id=0, now_ms=0, window_ms=10, n_sources=1
     ).script_args("warm-up:", 1)
-    yield pa.RecordBatch.from_pydict({"ready": [True]})
-
-
-def warm_up(spark: SparkSession, tasks: int) -> None:
-    """Start ``tasks`` Python workers at once and load them before the first micro-batch.
-
-    Spark keeps idle Python workers for reuse (``spark.python.worker.reuse``), so the tasks of
-    the first real micro-batch find them ready; without this, that batch paid each worker's
-    fork, imports and kernel loading (seconds on 2 cores with W = 8) and its records waited.
-    """
-    spark.range(tasks, numPartitions=tasks).mapInArrow(_warm_up_task, "ready boolean").collect()

@@ -8,8 +8,9 @@ classic builder, as ``skewer images build --local``), then docs/compose.md's ``u
 prometheus producer`` under ``pkg`` and again under ``mixed`` with a new ``RUN_ID`` (compose
 recreates skewer's services only); each run must pass ``skewer verify``'s check from the host.
 Then Prometheus's ``skewer`` job must have had its five stage targets up and the imbalance
-series of both runs (:data:`IMBALANCE_SERIES`), and ``down -v``, pass or fail, must leave no
-container, volume or network of the project.
+series of both runs (:data:`IMBALANCE_SERIES`), the overview dashboard's imbalance panel a first
+point soon after each ``up`` (:func:`imbalance_panel_expression`), and ``down -v``, pass or
+fail, must leave no container, volume or network of the project.
 
 Published ports go to a random loopback address of the test's own
 (:func:`free_loopback_address`), as the stack's host ports are the native services'.
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from grafana_dashboards import load_dashboards, metric_names, queries, substitute
 from service_backends import (
     COMPOSE_TEST_PROJECT,
     ENV_TEST_IMAGES,
@@ -72,6 +74,15 @@ IMBALANCE_SERIES = (
     "skewer:imbalance_fraction:rate1m",
     "skewer:load_max_over_avg:rate1m",
 )
+#: The overview dashboard's imbalance panel and the recording rule its live target reads.
+IMBALANCE_PANEL = "Imbalance I(t) as a fraction of records"
+IMBALANCE_RULE = "skewer:imbalance_fraction:rate1m"
+#: Seconds from a run's ``up`` to the panel's first point, at most: about three times the
+#: slowest span measured on two cores shared with other test runs. What it waits for (each
+#: dependency healthy, the work stage's JVM, Spark's first micro-batches, a scrape and a rule
+#: evaluation; docs/compose.md) slows down with a busy machine, hence the room; beyond it the
+#: stack stalled on the way (a restart loop, a health check that never passes).
+FIRST_POINT_BOUND = 180.0
 #: Host ports the stack publishes (on the bind address) without the profiles and Grafana.
 PUBLISHED_PORTS = (19092, 16379, 19090)
 BUILD_TIMEOUT = 1800.0
@@ -207,6 +218,8 @@ class StackOutcome:
     targets: list[str] = field(default_factory=list)
     #: (series name, run) pairs Prometheus holds.
     series: set[tuple[str, str]] = field(default_factory=set)
+    #: scheme -> seconds from its run's ``up`` to the imbalance panel's first point.
+    first_imbalance: dict[str, float] = field(default_factory=dict)
     down: Down | None = None
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -312,11 +325,37 @@ def _prometheus(url: str, path: str, params: Mapping[str, Any]) -> Any:
     return answer["data"]
 
 
+def imbalance_panel_expression() -> str:
+    """The PromQL of the overview dashboard's imbalance panel's live target, as Grafana sends
+    it: :data:`IMBALANCE_RULE` with ``$run`` and ``$scheme`` left to fill in. Not the panel's
+    cumulative target: the work stage exports that gauge as 0 from its first scrape on, before
+    any record, so its first point says when ``work`` was scraped, not that a load was measured.
+    """
+    found = [
+        query.expr
+        for query in queries(load_dashboards()["overview"])
+        if query.panel_title == IMBALANCE_PANEL and metric_names(query.expr) == {IMBALANCE_RULE}
+    ]
+    assert len(found) == 1, f"overview panel {IMBALANCE_PANEL!r}: {found}"
+    return found[0]
+
+
+def first_point(url: str, expr: str, start: float, end: float) -> float | None:
+    """The first time from ``start`` (Unix seconds) at which ``expr`` has a value, as a panel
+    at a 1 s step shows it; None if it has none up to ``end``."""
+    data = _prometheus(
+        url, "/api/v1/query_range", {"query": expr, "start": start, "end": end, "step": 1}
+    )
+    times = [float(one["values"][0][0]) for one in data["result"] if one["values"]]
+    return min(times, default=None)
+
+
 def run_scheme(stack: Stack, scheme: str, run_id: str) -> RunOutcome:
     """``up -d`` the stack for ``scheme`` under ``run_id``, wait until the run is exact (or the
     timeout), then ``skewer verify`` it from the host."""
-    started = time.time()
     env = {"GROUPING_SCHEME": scheme, "RUN_ID": run_id}
+    # Wall-clock, not monotonic: it is compared with Prometheus's sample times.
+    started = time.time()
     stack.must(*stack.up, timeout=UP_TIMEOUT, env=env)
     client = stack.redis()
     store = StateStore(client, run_id)
@@ -350,11 +389,13 @@ def run_scheme(stack: Stack, scheme: str, run_id: str) -> RunOutcome:
 
 
 def read_prometheus(stack: Stack, outcome: StackOutcome) -> None:
-    """Targets, their ``up`` during the mixed run and the imbalance series, into ``outcome``;
-    read again for up to 30 s until complete (the last scrapes and rule evaluations)."""
+    """Targets, their ``up`` during the mixed run, the imbalance series and the imbalance
+    panel's first point after each run's ``up``, into ``outcome``; read again for up to 30 s
+    until complete (the last scrapes and rule evaluations)."""
     runs = {run.run_id for run in outcome.runs.values()}
     first = min(run.started for run in outcome.runs.values())
     mixed = outcome.runs["mixed"].started
+    panel = imbalance_panel_expression()
     deadline = time.monotonic() + 30
     while True:
         now = time.time()
@@ -384,8 +425,15 @@ def read_prometheus(stack: Stack, outcome: StackOutcome) -> None:
             },
         )
         outcome.series = {(s["__name__"], s["run"]) for s in found}
-        complete = len(outcome.series) == len(IMBALANCE_SERIES) * len(runs) and all(
-            outcome.target_up.get(stage) == 1.0 for stage in STAGES
+        for run in outcome.runs.values():
+            expr = substitute(panel, {"run": run.run_id, "scheme": run.scheme})
+            shown = first_point(stack.prometheus, expr, run.started, now)
+            if shown is not None:
+                outcome.first_imbalance[run.scheme] = shown - run.started
+        complete = (
+            len(outcome.series) == len(IMBALANCE_SERIES) * len(runs)
+            and all(outcome.target_up.get(stage) == 1.0 for stage in STAGES)
+            and len(outcome.first_imbalance) == len(outcome.runs)
         )
         if complete or time.monotonic() > deadline:
             return
@@ -454,10 +502,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackOutcome]:
             + ("exact" if run.verification.exact else "NOT exact")
             for run in outcome.runs.values()
         )
+        shown = ", ".join(f"{s} {t:.1f} s" for s, t in outcome.first_imbalance.items())
         print(
             f"\ncompose stack {project} on {address}: "
             + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in outcome.seconds.items())
             + (f"; {runs}" if runs else "")
+            + (f"; imbalance panel's first point after up: {shown}" if shown else "")
         )
     yield outcome
 
@@ -485,6 +535,17 @@ def test_prometheus_scrapes_every_skewer_service_and_records_the_imbalance(
     assert {stage: stack.target_up.get(stage) for stage in STAGES} == dict.fromkeys(STAGES, 1.0)
     expected = {(name, run.run_id) for name in IMBALANCE_SERIES for run in stack.runs.values()}
     assert expected - stack.series == set()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_the_imbalance_panel_shows_a_point_soon_after_up(stack: StackOutcome, scheme: str) -> None:
+    """The overview's imbalance panel has a point within :data:`FIRST_POINT_BOUND` s of the
+    run's ``up``: cold for pkg (Kafka, Redis, Prometheus start too), skewer's services only for
+    mixed."""
+    seconds = stack.first_imbalance.get(scheme)
+    assert seconds is not None, f"no point of {imbalance_panel_expression()} for {scheme}"
+    print(f"\n{scheme}: the imbalance panel's first point {seconds:.1f} s after `up`")
+    assert 0 < seconds < FIRST_POINT_BOUND
 
 
 def test_down_leaves_nothing_of_the_project(stack: StackOutcome) -> None:

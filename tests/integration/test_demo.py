@@ -79,7 +79,7 @@ def test_demo_pkg_100000_verify_json_is_exact_and_reports_the_contract_fields(
     # Progress went to stderr, the JSON alone to stdout.
     assert "produced" in captured.err and captured.out.count("\n") == 1
     # The start-up timeline: the orchestrator's events in the order it meets them (every stage
-    # but the producers starts at once; the producers once a batch went through every worker),
+    # starts at once; the producers send once a batch went through every worker),
     # the first record applied after the producers started, every event's seconds in order.
     at = {e["event"]: e["seconds"] for e in report["timeline"]}
     order = [
@@ -89,6 +89,7 @@ def test_demo_pkg_100000_verify_json_is_exact_and_reports_the_contract_fields(
         "work started",
         "aggregate started",
         "group started",
+        "produce started",
         "Spark workers ready",
         "grouping sources ready",
         "workers applied a batch",
@@ -98,6 +99,9 @@ def test_demo_pkg_100000_verify_json_is_exact_and_reports_the_contract_fields(
     assert [at[event] for event in order] == sorted(at[event] for event in order)
     assert at["command started"] == 0
     assert at["producers started"] < at["first record applied"] <= at["last record applied"]
+    # The producers started up with the other stages, but sent nothing before their go (a
+    # Kafka timestamp is in whole ms, the timeline's seconds are rounded to 10 ms).
+    assert at["first record produced"] >= at["producers started"] - 0.01
     assert at["first record applied"] <= at["every window final"] < at["verified"]
     assert {"first record produced", "last record produced"} <= set(at)
     seconds = [e["seconds"] for e in report["timeline"]]
@@ -330,7 +334,7 @@ def test_plan_commands_and_balance_figures() -> None:
     assert " ".join(plan.argv("work")) == (
         "work --workers 3 --sources 1 --window-ms 10000 --cpu-cost-us 0.5 --checkpoint "
         f"{checkpoint} --spark-master local --run-id x --topic-prefix x- --scheme fish "
-        "--until-end --json"
+        "--until-end --verbose --json"
     )
     assert plan.topics == ["x-keys", "x-work", "x-dead-letters", "x-late", "x-results"]
     assert plan.stages == ("work", "aggregate", "group", "produce")  # no routing table

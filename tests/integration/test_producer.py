@@ -221,6 +221,46 @@ def test_cli_prints_one_json_object(kafka: str, redis: object, redis_url: str) -
         delete_run_keys(redis, run)
 
 
+def test_a_gated_producer_sends_nothing_before_its_go(
+    kafka: str, redis: object, redis_url: str
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    run = kafka_io.RunNames(f"gated-{tag}", f"test-produce-gated-{tag}-")
+    env = {**os.environ, "SKEWER_KAFKA_BOOTSTRAP": kafka, "SKEWER_REDIS_URL": redis_url}
+    command = [SKEWER, "produce", "--records", "2000", "--rate", "20000", "--gated"]
+    command += ["--run-id", run.run_id, "--topic-prefix", run.topic_prefix, "--json"]
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        # Started up (its stream planned: the truth written), then held: no record sent.
+        truth = RunKeys(run.run_id).truth("*")
+        deadline = time.monotonic() + 60
+        while not list(redis.scan_iter(match=truth)):  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.1)
+        time.sleep(2.0)
+        assert process.poll() is None
+        assert kafka_io.read_topic(kafka, run.keys_topic) == []
+        kafka_producer.open_gate(redis, run.run_id)  # type: ignore[arg-type]
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+        assert json.loads(out)["records"] == 2000
+        data = [r for r in kafka_io.read_topic(kafka, run.keys_topic) if r.key]
+        assert len(data) == 2000
+    finally:
+        process.kill()
+        process.wait()
+        kafka_io.delete_topics(kafka, [run.keys_topic, run.work_topic, run.results_topic])
+        delete_run_keys(redis, run)
+
+
+def test_a_producer_without_a_go_gives_up_with_one_line(redis: object) -> None:
+    run = kafka_io.RunNames(f"no-go-{uuid.uuid4().hex[:8]}")
+    with pytest.raises(RuntimeError, match=r"gave no go within 0 s"):
+        kafka_producer.wait_for_go(redis, run, timeout=0.05)  # type: ignore[arg-type]
+
+
 def test_cli_errors_are_one_line(kafka: str, redis: object, redis_url: str) -> None:
     url = redis_url
     unreachable = run_skewer("127.0.0.1:1", url, "produce", "--records", "10")

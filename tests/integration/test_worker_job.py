@@ -320,7 +320,8 @@ def test_kill_9_mid_batch_and_restart_from_checkpoint_stays_exact(
     # Spark re-ran the half-applied batch with its logged offsets; the workers that had
     # applied it skipped it (and a rerun that double counted would break the totals below).
     assert f"batch {half_applied}: " in log
-    replayed = [line for line in log.splitlines() if line.startswith(f"batch {half_applied}: ")]
+    # A line per micro-batch: its time (HH:MM:SS.mmm), then "batch N: ...".
+    replayed = [line for line in log.splitlines() if f" batch {half_applied}: " in line]
     assert "replayed (skipped)" in replayed[0], log[-2000:]
 
     from pipeline.cli import app
