@@ -9,6 +9,8 @@ it. ``quick`` shrinks the experiment for tests (seconds, not minutes); the recor
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,10 +48,29 @@ def or_dash(value: float | None, pattern: str) -> str:
     return "-" if value is None else format(value, pattern)
 
 
+def ratio_or_none(value: float | None, base: float | None) -> float | None:
+    """``value / base``, or None when either is missing or 0.
+
+    >>> ratio_or_none(3.0, 2.0), ratio_or_none(None, 2.0), ratio_or_none(3.0, 0.0)
+    (1.5, None, None)
+    """
+    return value / base if value and base else None
+
+
 def ratio_or_dash(value: float | None, base: float | None) -> str:
     """``value / base`` to two places for a results table, or "-" when either is missing or 0.
 
     >>> ratio_or_dash(3.0, 2.0), ratio_or_dash(None, 2.0), ratio_or_dash(3.0, 0.0)
     ('1.50', '-', '-')
     """
-    return f"{value / base:.2f}" if value and base else "-"
+    return or_dash(ratio_or_none(value, base), ".2f")
+
+
+def median_or_none(values: Iterable[float | None]) -> float | None:
+    """The median of the measured ``values`` (None ones left out), or None if there are none.
+
+    >>> median_or_none([3.0, None, 1.0, 2.0]), median_or_none([None])
+    (2.0, None)
+    """
+    measured = [value for value in values if value is not None]
+    return statistics.median(measured) if measured else None

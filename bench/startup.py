@@ -23,7 +23,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.experiment import ExperimentResult, method_markdown, or_dash, ratio_or_dash
+from bench.experiment import (
+    ExperimentResult,
+    median_or_none,
+    method_markdown,
+    or_dash,
+    ratio_or_dash,
+    ratio_or_none,
+)
 from bench.worker_stage import (
     WINDOW_MS,
     WORKERS,
@@ -170,8 +177,8 @@ def demo_figures(demo: dict[str, Any]) -> dict[str, Any]:
         "worst_window_p99_ms": worst,
         "whole_p99_ms": demo["latency_p99_ms"],
         "steady_p99_ms": steady,
-        "worst_window_ratio": _ratio(worst, steady),
-        "whole_ratio": _ratio(demo["latency_p99_ms"], steady),
+        "worst_window_ratio": ratio_or_none(worst, steady),
+        "whole_ratio": ratio_or_none(demo["latency_p99_ms"], steady),
         "process_seconds": demo["process_seconds"],
         "exact": demo["exact"],
     }
@@ -294,12 +301,12 @@ def demo_part(
         "",
         demo_table(rows),
         "",
-        f"- command -> first applied record: median {or_dash(_median(firsts), '.1f')} s "
+        f"- command -> first applied record: median {or_dash(median_or_none(firsts), '.1f')} s "
         f"(target <= {TARGET_FIRST_APPLIED_SECONDS:g} s: "
         f"{verdict(firsts, TARGET_FIRST_APPLIED_SECONDS)});",
-        f"- worst 5 s window p99 / steady p99: median {or_dash(_median(worst), '.2f')} "
+        f"- worst 5 s window p99 / steady p99: median {or_dash(median_or_none(worst), '.2f')} "
         f"(target <= {TARGET_P99_RATIO:g}: {verdict(worst, TARGET_P99_RATIO)});",
-        f"- whole-run p99 / steady p99: median {or_dash(_median(whole), '.2f')} "
+        f"- whole-run p99 / steady p99: median {or_dash(median_or_none(whole), '.2f')} "
         f"(target <= {TARGET_P99_RATIO:g}: {verdict(whole, TARGET_P99_RATIO)});",
         f"- every count exact: {'yes' if all(row['exact'] for row in rows) else 'NO'}.",
         "",
@@ -407,14 +414,14 @@ def cold_table(rows: Sequence[dict[str, Any]]) -> str:
 def cold_medians(rows: Sequence[dict[str, Any]]) -> dict[str, float | None]:
     """Each contender's median seconds over the rounds."""
     return {
-        name: _median(row[name] for row in rows)
+        name: median_or_none(row[name] for row in rows)
         for name in (contender_name(*c) for c in CONTENDERS)
     }
 
 
 def cold_ratio(row: dict[str, Any], archive: bool) -> float | None:
     """skewer's seconds over Spark's in ``row``, for one variant."""
-    return _ratio(
+    return ratio_or_none(
         row.get(contender_name("skewer", archive)), row.get(contender_name("Spark", archive))
     )
 
@@ -456,7 +463,7 @@ def cold_part(
         kafka_io.delete_topics(settings.kafka_bootstrap, [topic])
     medians = cold_medians(rows)
     ratios = {archive: cold_ratio(medians, archive) for archive in (True, False)}
-    shipped = _ratio(
+    shipped = ratio_or_none(
         medians[contender_name("skewer", True)], medians[contender_name("Spark", False)]
     )
     saved = {
@@ -501,15 +508,6 @@ def cold_part(
         "runs": details,
     }
     return lines, data
-
-
-def _median(values: Any) -> float | None:
-    measured = [v for v in values if v is not None]
-    return statistics.median(measured) if measured else None
-
-
-def _ratio(value: float | None, base: float | None) -> float | None:
-    return value / base if value and base else None
 
 
 def _difference(a: float | None, b: float | None) -> float | None:

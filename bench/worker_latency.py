@@ -5,7 +5,6 @@ What it measures and how: :data:`METHOD`, the prose of bench/results/worker_late
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import threading
 import time
@@ -18,7 +17,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.end_to_end import STEADY_FROM, Trace
-from bench.experiment import ExperimentResult, method_markdown, or_dash, ratio_or_dash
+from bench.experiment import (
+    ExperimentResult,
+    median_or_none,
+    method_markdown,
+    or_dash,
+    ratio_or_dash,
+)
 from bench.worker_stage import (
     WORKERS,
     WORKLOAD,
@@ -191,16 +196,13 @@ def measured_run(
     return {
         "p50_ms": latency_quantile(steady, 0.5),
         "p99_ms": latency_quantile(steady, 0.99),
-        "cycle_ms": _median(p.get("triggerExecution", 0) for p in progress),
-        "logs_ms": _median(p.get("walCommit", 0) + p.get("commitOffsets", 0) for p in progress),
+        "cycle_ms": median_or_none(p.get("triggerExecution", 0) for p in progress),
+        "logs_ms": median_or_none(
+            p.get("walCommit", 0) + p.get("commitOffsets", 0) for p in progress
+        ),
         "batches": len(outcome["summary"].progress),
         "exact": exact,
     }
-
-
-def _median(values: Any) -> float | None:
-    values = list(values)
-    return statistics.median(values) if values else None
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -231,7 +233,7 @@ def comparison(rows: list[dict[str, Any]]) -> str:
     """Each setting's medians over the rounds, and their ratios to skewer's."""
     medians = {
         setting: {
-            figure: _median(r[figure] for r in rows if r["setting"] == setting and r[figure])
+            figure: median_or_none(r[figure] for r in rows if r["setting"] == setting and r[figure])
             for figure in FIGURES
         }
         for setting in SETTINGS

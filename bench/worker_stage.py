@@ -82,13 +82,10 @@ def routed_keys(n: int) -> tuple[KeyBatch, np.ndarray]:
 
 
 def work_values(event_time_ms: np.ndarray, first_seq: int = 0) -> list[bytes]:
-    """skewer's 36-byte DATA values (source 0) with these event times."""
-    inputs = np.zeros(event_time_ms.shape[0], dtype=records.INPUT_DTYPE)
-    inputs["magic"] = records.MAGIC
-    inputs["version"] = records.VERSION
-    inputs["event_time_ms"] = event_time_ms
-    inputs["seq"] = first_seq + np.arange(event_time_ms.shape[0])
-    return records.encode_work(inputs, source=0, table_version=0)
+    """skewer's 36-byte DATA values (producer and source 0) with these event times: a DATA
+    value without a payload is its header."""
+    seqs = first_seq + np.arange(event_time_ms.shape[0])
+    return records.work_headers(event_time_ms, 0, seqs, source=0, table_version=0)
 
 
 def end_of_stream() -> bytes:

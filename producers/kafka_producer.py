@@ -214,20 +214,6 @@ def produce_stream(
     """
     from confluent_kafka import Producer
 
-    failures: list[str] = []
-
-    def on_delivery(error: Any, _message: Any) -> None:
-        if error is not None:
-            failures.append(str(error))
-
-    # Reports of failures only: a Python callback per acknowledged record would cost more than
-    # the produce call itself.
-    producer = Producer(
-        kafka_io.producer_config(
-            bootstrap, on_delivery=on_delivery, **{"delivery.report.only.error": True}
-        )
-    )
-    topic = names.keys_topic
     n = len(keys)
     paced = rate is not None
     if paced:
@@ -246,6 +232,20 @@ def produce_stream(
     # A producer's record opens a new window when its previous record (i - S) was in another.
     opens_window = np.zeros(n, dtype=bool)
     opens_window[sources:] = windows[sources:] != windows[:-sources]
+    failures: list[str] = []
+
+    def on_delivery(error: Any, _message: Any) -> None:
+        if error is not None:
+            failures.append(str(error))
+
+    # Reports of failures only: a Python callback per acknowledged record would cost more than
+    # the produce call itself.
+    producer = Producer(
+        kafka_io.producer_config(
+            bootstrap, on_delivery=on_delivery, **{"delivery.report.only.error": True}
+        )
+    )
+    topic = names.keys_topic
     watermarks = 0
 
     def send(key: bytes, value: bytes, partition: int) -> None:
@@ -260,11 +260,10 @@ def produce_stream(
     if wait_to_start is not None:
         producer.list_topics(topic, timeout=30)  # connected, metadata known: no first-send wait
         wait_to_start()
-    began = time.perf_counter()
     # Paced: record i is due i / R seconds after the first, sent in 10 ms chunks. From the
     # first send, not from start_ms: the time the truth took, or a gate's wait, would otherwise
     # be a backlog sent at once.
-    sending_from = time.time()
+    began = time.perf_counter()
     chunk = max(1, int(rate // 100)) if paced else 65_536  # type: ignore[operator]
     producers = plan.producer.tolist()
     seqs = plan.seq.tolist()
@@ -272,7 +271,7 @@ def produce_stream(
     for first in range(0, n, chunk):
         last = min(n, first + chunk)
         if paced:
-            wait = sending_from + first / event_rate - time.time()
+            wait = began + first / event_rate - time.perf_counter()
             if wait > 0:
                 time.sleep(wait)
         flags = opens_window[first:last].tolist()

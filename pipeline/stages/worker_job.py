@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -341,10 +342,9 @@ def log_batch(batch_id: int, summaries: list[TaskSummary]) -> None:
         f"decode {slowest.decode_seconds:.3f}, wait {slowest.wait_seconds:.3f}, "
         f"count {slowest.count_seconds:.3f}, apply {slowest.apply_seconds:.3f})"
     )
-    now = time.time()
     print(
-        f"{time.strftime('%H:%M:%S', time.localtime(now))}.{int(now * 1000) % 1000:03d} "
-        f"batch {batch_id}: records per worker {dict(sorted(loads.items()))}{parts}"
+        f"{datetime.now().strftime('%H:%M:%S.%f')[:-3]} batch {batch_id}: "
+        f"records per worker {dict(sorted(loads.items()))}{parts}"
         + (f", {skipped} replayed (skipped)" if skipped else ""),
         file=sys.stderr,
     )
