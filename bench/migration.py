@@ -99,9 +99,9 @@ def planning_seconds(
 
 def live_run(scheme: str, settings: Any, interval: float) -> dict[str, Any]:
     """One live run of ``scheme`` with its controller; its migrations and intervals."""
+    from pipeline.io.control_store import ControlPlane
     from pipeline.runs.orchestrator import run_pipeline
     from pipeline.runs.plan import plan_run
-    from pipeline.stages.control_plane import ControlPlane
 
     plan = plan_run(
         settings,

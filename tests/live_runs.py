@@ -216,8 +216,8 @@ def kill_group_and_work_mid_run(
 def wait_for_a_migration(pipeline: Pipeline, timeout: float = RUN_TIMEOUT) -> None:
     """Wait until the run's controller has a migration in flight (a table published, keys'
     state moving between workers)."""
+    from pipeline.io.control_store import ControlPlane
     from pipeline.io.redis_client import connect_redis
-    from pipeline.stages.control_plane import ControlPlane
 
     plan = pipeline.plan
     plane = ControlPlane(connect_redis(pipeline.settings.redis_url), plan.run_id)

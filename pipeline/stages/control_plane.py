@@ -7,8 +7,8 @@ between workers. The controller (:mod:`pipeline.stages.controller`) opens a roun
 interval; each grouping source (:mod:`pipeline.stages.grouping`) reports what its scheme
 measured since its previous report, bounded to the heaviest keys with their bytes
 (:func:`compact_report`). The Redis operations of the protocol -- reports, versioned tables,
-the migration's publish, move and completion -- are :mod:`pipeline.io.control_store`'s, named
-here for the stages; why a migration is exact: docs/design.md#migration-protocol.
+the migration's publish, move and completion -- are :mod:`pipeline.io.control_store`'s; why a
+migration is exact: docs/design.md#migration-protocol.
 """
 
 from __future__ import annotations
@@ -19,30 +19,7 @@ import numpy as np
 
 from operators.base import KeyStatistics
 from operators.keys import KeyBatch
-from pipeline.io.control_store import (
-    ControlPlane,
-    Current,
-    MoveResult,
-    PublishedTable,
-    StatisticsReport,
-    join_names,
-    now_ms,
-    split_names,
-)
-
-__all__ = [
-    "DEFAULT_REPORT_KEYS",
-    "RECENT_RECORDS",
-    "ControlPlane",
-    "Current",
-    "MoveResult",
-    "PublishedTable",
-    "StatisticsReport",
-    "compact_report",
-    "join_names",
-    "now_ms",
-    "split_names",
-]
+from pipeline.io.control_store import StatisticsReport
 
 #: Keys per source report: the heaviest ones (bounded, like the papers' sketches).
 DEFAULT_REPORT_KEYS = 20_000

@@ -30,10 +30,9 @@ import numpy as np
 
 from operators import registry
 from operators.base import KeyStatistics, Plan, SchemeError, TableScheme
+from pipeline.io.control_store import ControlPlane, PublishedTable, StatisticsReport, now_ms
 from pipeline.io.records import END_OF_STREAM
 from pipeline.io.state_store import StateStore
-from pipeline.stages import control_plane
-from pipeline.stages.control_plane import ControlPlane, PublishedTable
 
 if TYPE_CHECKING:
     import redis as redis_module
@@ -183,12 +182,12 @@ class Controller:
 
     # -- one interval --------------------------------------------------------------------------
 
-    def close_round(self, round_: int, reports: list[control_plane.StatisticsReport]) -> str:
+    def close_round(self, round_: int, reports: list[StatisticsReport]) -> str:
         """Measure the round's imbalance; plan and publish when it exceeds the tolerance."""
         planner = self.planner
         record: dict[str, Any] = {
             "round": round_,
-            "at_ms": control_plane.now_ms(),
+            "at_ms": now_ms(),
             "reports": len(reports),
             # Which sources' reports were merged: a late one is left out (``report_wait``).
             "sources": sorted(r.source for r in reports),

@@ -30,6 +30,7 @@ from operators import registry
 from operators.base import Scheme, SchemeError, TableScheme
 from operators.keys import KeyBatch
 from pipeline.io import kafka_io, records
+from pipeline.io.control_store import ControlPlane, now_ms
 from pipeline.io.dead_letters import REASONS
 from pipeline.io.grouping_store import GroupingStore
 from pipeline.io.records import Kind
@@ -190,7 +191,7 @@ class GroupingSource:
         self.table_version = 0
         self.tables = (
             TableFollower(
-                control_plane.ControlPlane(redis_client, config.names.run_id),
+                ControlPlane(redis_client, config.names.run_id),
                 self.scheme,
                 self.source,
                 config.control_poll,
@@ -211,7 +212,7 @@ class GroupingSource:
         self.input.start(self.checkpoint.consumer, self.watermark)
         if self.tables is not None:
             self.tables.start(self.table_version)
-        self.checkpoint.resume(control_plane.now_ms())
+        self.checkpoint.resume(now_ms())
         self._announce()
 
     def _announce(self) -> None:

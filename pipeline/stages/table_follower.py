@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from operators.base import TableScheme
 from operators.keys import KeyBatch
+from pipeline.io.control_store import ControlPlane
 from pipeline.stages import control_plane
 
 
@@ -22,7 +23,7 @@ class TableFollower:
     """Follows the control plane for source ``source``'s ``scheme``, looking at most every
     ``poll_seconds`` (one HMGET); a report names at most ``report_keys`` keys."""
 
-    control: control_plane.ControlPlane
+    control: ControlPlane
     scheme: TableScheme
     source: int
     poll_seconds: float

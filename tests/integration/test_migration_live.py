@@ -31,11 +31,11 @@ from live_runs import shared_spark_run
 from operators import registry
 from operators.base import KeyStatistics
 from pipeline.io import config
+from pipeline.io.control_store import ControlPlane
 from pipeline.io.redis_client import connect_redis
 from pipeline.runs.orchestrator import Pipeline
 from pipeline.runs.plan import RunPlan, new_run_id
 from pipeline.runs.summary import RunSummary
-from pipeline.stages.control_plane import ControlPlane
 
 pytestmark = pytest.mark.integration
 

@@ -18,9 +18,10 @@ from worker_batches import batch
 from operators import registry
 from operators.base import RoutingTable
 from operators.keys import KeyBatch
+from pipeline.io.control_store import ControlPlane, PublishedTable
 from pipeline.io.records import END_OF_STREAM
 from pipeline.io.state_store import StateStore
-from pipeline.stages.control_plane import ControlPlane, PublishedTable, compact_report
+from pipeline.stages.control_plane import compact_report
 from pipeline.stages.controller import Controller, ControllerOptions
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,8 @@ from operators import registry
 from operators.base import KeyStatistics, RoutingTable
 from operators.keys import KeyBatch
 from pipeline.io import records
-from pipeline.stages.control_plane import StatisticsReport, compact_report, join_names, split_names
+from pipeline.io.control_store import StatisticsReport, join_names, split_names
+from pipeline.stages.control_plane import compact_report
 from pipeline.stages.controller import moves_by_old_worker, table_schemes
 from pipeline.stages.grouping import SourceWatermark, offset_metadata, parse_offset_metadata
 from pipeline.stages.worker_task import decode_partition, to_worker_batch
