@@ -78,9 +78,11 @@ class GroupingMetrics:
         self._table_entries.set(entries)
 
     def table_of(self, scheme: Any) -> None:
-        """The routing table gauges of a scheme object (0, 0 for schemes without a table)."""
+        """The routing table gauges of a scheme object: a routing-table scheme's version and
+        entries; version 0 and the entries of a key memory that has no versions (static
+        PoTC's key -> choice table); 0, 0 for schemes without a table."""
         table = getattr(scheme, "table", None)
         if table is None:
             self.table(0, 0)
         else:
-            self.table(int(table.version), len(table))
+            self.table(int(getattr(table, "version", 0)), len(table))

@@ -447,6 +447,25 @@ def test_controller_metrics() -> None:
     assert _value("skewer_migration_duration_seconds_sum", **labels.of()) == 0.75
 
 
+@pytest.mark.parametrize("scheme", ["pkg", "potc", "greedy-online", "mixed"])
+def test_table_gauges_of_every_kind_of_scheme(scheme: str) -> None:
+    # potc and greedy-online keep a key -> worker memory without versions: the gauges must
+    # read it rather than fail the grouping source after its first batch.
+    labels = metric_series.RunLabels(f"unit-table-{scheme}", scheme)
+    grouping = grouping_metrics.GroupingMetrics(labels, 0, 4)
+    routing = registry.create(scheme, 4, source=0, n_sources=1)
+    routing.route(KeyBatch.from_strings(["a", "b", "a", "c"]))
+    grouping.table_of(routing)
+    table = getattr(routing, "table", None)
+    entries = 0 if table is None else len(table)
+    assert _value("skewer_routing_table_entries", **labels.of(source="0")) == entries
+    assert _value("skewer_routing_table_version", **labels.of(source="0")) == getattr(
+        table, "version", 0
+    )
+    if scheme in ("potc", "greedy-online"):
+        assert entries == 3
+
+
 def test_batch_metric_updates_cost_microseconds_not_per_record() -> None:
     """One batch's updates are O(W): the same cost for a batch of 10 or 10^6 records."""
     grouping = grouping_metrics.GroupingMetrics(metric_series.RunLabels("bench-unit", "pkg"), 0, 8)
