@@ -12,7 +12,8 @@ routing-table scheme live with its controller, and in the simulator, into ``migr
 ``skewer bench scale`` runs the workers on 1, 2 and 4 Spark executors and the grouping stage on
 topics of 1 and 3 replicas into ``scale.md``. ``skewer bench startup`` times ``skewer demo``
 from the command to its first result, and a cold ``skewer work`` against a cold Spark
-application, into ``startup.md``. ``--out DIR`` writes elsewhere.
+application, into ``startup.md``. ``skewer bench advise`` checks ``skewer advise``'s predictions
+against live runs on three streams into ``advise.md``. ``--out DIR`` writes elsewhere.
 """
 
 from __future__ import annotations
@@ -110,6 +111,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     startup.add_argument("--only", dest="part", choices=("demo", "cold"), help="run this part only")
     startup.add_argument("--out", type=Path, help="output directory (default bench/results)")
     startup.set_defaults(handler=run_startup)
+    advise = commands.add_parser(
+        "advise", help="skewer advise's predictions against live runs on three streams"
+    )
+    advise.add_argument("--records", type=int, default=300_000, help="records per stream (300000)")
+    advise.add_argument("--rate", type=float, default=14_000.0, help="records/s offered (14000)")
+    advise.add_argument(
+        "--timed-records",
+        type=int,
+        default=1_000_000,
+        help="records of the timed advise run (1000000)",
+    )
+    advise.add_argument(
+        "--only", nargs="+", choices=("zipf", "drift", "json"), help="these streams only"
+    )
+    advise.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    advise.set_defaults(handler=run_advise)
 
 
 def _command(args: argparse.Namespace, *flags: str) -> str:
@@ -327,5 +344,38 @@ def run_startup(args: argparse.Namespace) -> int:
         )
     except startup.StartupBenchError as error:
         print(f"skewer bench startup: error: {error}", file=sys.stderr)
+        return 1
+    return _write(result, args.out, command, time.perf_counter() - began)
+
+
+def run_advise(args: argparse.Namespace) -> int:
+    from bench import advise
+    from pipeline.cli.arguments import UsageError, require_at_least
+    from pipeline.runs.advise import SampleError
+    from pipeline.runs.advise_live import LiveRunError
+
+    require_at_least(1, ("--records", args.records), ("--timed-records", args.timed_records))
+    if not args.rate > 0:
+        raise UsageError(f"--rate must be > 0, got {args.rate:g}")
+    command = _command(
+        args,
+        "--records",
+        str(args.records),
+        "--rate",
+        f"{args.rate:g}",
+        "--timed-records",
+        str(args.timed_records),
+    )
+    began = time.perf_counter()
+    try:
+        result = advise.run(
+            records=args.records,
+            rate=args.rate,
+            timed_records=args.timed_records,
+            streams=args.only or tuple(advise.STREAMS),
+            log=_log,
+        )
+    except (LiveRunError, SampleError) as error:
+        print(f"skewer bench advise: error: {error}", file=sys.stderr)
         return 1
     return _write(result, args.out, command, time.perf_counter() - began)

@@ -270,6 +270,21 @@ class KeyBatch:
         _decimal_encode(values, offsets, data)
         return cls(data, offsets)
 
+    @classmethod
+    def concat(cls, batches: Sequence[KeyBatch]) -> KeyBatch:
+        """The keys of ``batches`` one after another, in one new batch.
+
+        >>> KeyBatch.concat([KeyBatch.from_strings(["a"]), KeyBatch.from_strings(["bc"])]).to_list()
+        [b'a', b'bc']
+        """
+        if not batches:
+            return cls.from_bytes([])
+        data = np.concatenate([b.data for b in batches])
+        lengths = np.concatenate([np.diff(b.offsets) for b in batches])
+        offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(data, offsets)
+
     def slice(self, start: int, stop: int) -> KeyBatch:
         """Keys ``start:stop`` as a new batch sharing this one's buffer (hashes are sliced too)."""
         base = self.offsets[start]

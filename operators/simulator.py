@@ -1,12 +1,12 @@
 """Drives grouping schemes over a key stream without Kafka, and measures the papers' metrics.
 
 Layer: operators. The simulated DAG is the one every paper uses (PKG §V-A, FISH §6.1): ``S``
-sources take the stream round-robin, each with its own scheme object, routing to ``W``
-workers; batches give the decisions of record-at-a-time routing. :class:`Router` runs the
-hooks a scheme may offer (``global_estimation``, ``probe_interval``, ``prepare``,
-``worker_speeds``, a TableScheme's controller round every ``rebalance_interval`` records);
-:func:`simulate` adds the metrics of :mod:`operators.metrics`. The hooks and the metrics:
-docs/schemes.md#the-simulator.
+sources take the stream round-robin (or as a per-record source array says), each with its own
+scheme object, routing to ``W`` workers; batches give the decisions of record-at-a-time
+routing. :class:`Router` runs the hooks a scheme may offer (``global_estimation``,
+``probe_interval``, ``prepare``, ``worker_speeds``, a TableScheme's controller round every
+``rebalance_interval`` records); :func:`simulate` adds the metrics of
+:mod:`operators.metrics`. The hooks and the metrics: docs/schemes.md#the-simulator.
 
 Example:
     >>> from operators.keys import KeyBatch
@@ -46,7 +46,8 @@ class Router:
     Args:
         scheme: registry name.
         n_workers: W.
-        n_sources: S; record ``i`` of the stream goes to source ``i mod S``.
+        n_sources: S; record ``i`` of the stream goes to source ``i mod S`` unless ``route``
+            is given each record's source.
         params: the scheme's keyword parameters (``registry.create`` validates them).
         seed: passed to every source object.
         worker_speeds: relative service rates, passed to schemes that take ``worker_speeds``.
@@ -102,23 +103,45 @@ class Router:
         """True if the scheme wants :meth:`prepare` (offline knowledge) before routing."""
         return callable(getattr(self.objects[0], "prepare", None))
 
-    def prepare(self, keys: KeyBatch) -> None:
-        """Give each source object its whole sub-stream of ``keys`` (the entire stream)."""
+    def prepare(self, keys: KeyBatch, sources: np.ndarray | None = None) -> None:
+        """Give each source object its whole sub-stream of ``keys`` (the entire stream;
+        ``sources`` as for :meth:`route`)."""
         if not self.needs_whole_stream:
             return
         if len(self.objects) == 1:
             self.objects[0].prepare(keys)  # type: ignore[attr-defined]
             return
+        if sources is not None:
+            sources = self._checked_sources(sources, len(keys))
         for s, obj in enumerate(self.objects):
-            obj.prepare(keys.take(np.arange(s, len(keys), self.n_sources)))
+            if sources is None:
+                index = np.arange(s, len(keys), self.n_sources)
+            else:
+                index = np.flatnonzero(sources == s)
+            obj.prepare(keys.take(index))
 
-    def route(self, keys: KeyBatch) -> np.ndarray:
+    def _checked_sources(self, sources: np.ndarray, n: int) -> np.ndarray:
+        sources = np.asarray(sources)
+        if sources.shape != (n,):
+            raise SchemeError(f"{self.scheme}: {sources.shape[0]} sources for {n} records")
+        if n and (sources.min() < 0 or sources.max() >= self.n_sources):
+            raise SchemeError(f"{self.scheme}: sources must lie in 0..{self.n_sources - 1}")
+        return sources
+
+    def route(self, keys: KeyBatch, sources: np.ndarray | None = None) -> np.ndarray:
         """Workers (``int32``) of the next ``len(keys)`` records of the stream.
+
+        ``sources`` (optional, one per record, 0..S-1) says which source reads each record:
+        each source object then routes its own records in their stream order, which is how a
+        stream interleaved from S partitions by arrival time reaches the live sources. Without
+        it record ``i`` of the whole stream goes to source ``i mod S``.
 
         Probes and controller rounds happen just before the record at each multiple of their
         interval is routed (so none happens after the stream's last record).
         """
         n = len(keys)
+        if sources is not None:
+            sources = self._checked_sources(sources, n)
         out = np.empty(n, dtype=np.int32)
         start = 0
         while start < n:
@@ -133,14 +156,21 @@ class Router:
             for interval in (self.probe_interval, self.rebalance_interval):
                 if interval:
                     stop = min(stop, start + interval - (self.records % interval))
-            out[start:stop] = self._route_segment(keys.slice(start, stop))
+            segment = None if sources is None else sources[start:stop]
+            out[start:stop] = self._route_segment(keys.slice(start, stop), segment)
             start = stop
         return out
 
-    def _route_segment(self, keys: KeyBatch) -> np.ndarray:
+    def _route_segment(self, keys: KeyBatch, sources: np.ndarray | None) -> np.ndarray:
         n = len(keys)
         if len(self.objects) == 1:
             workers = np.asarray(self.objects[0].route(keys), dtype=np.int32)
+        elif sources is not None:
+            workers = np.empty(n, dtype=np.int32)
+            for s, obj in enumerate(self.objects):
+                index = np.flatnonzero(sources == s)
+                if index.shape[0]:
+                    workers[index] = obj.route(keys.take(index))
         else:
             workers = np.empty(n, dtype=np.int32)
             for s, obj in enumerate(self.objects):
@@ -263,8 +293,11 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _shuffle_workers(records: int, n_workers: int, n_sources: int) -> np.ndarray:
-    """Shuffle grouping's routing of a stream of ``records`` records from ``n_sources`` sources.
+def _shuffle_workers(
+    records: int, n_workers: int, n_sources: int, sources: np.ndarray | None = None
+) -> np.ndarray:
+    """Shuffle grouping's routing of a stream of ``records`` records from ``n_sources`` sources
+    (record i from source ``sources[i]``, else ``i mod S``).
 
     Shuffle's objects ignore key contents and a batch routes like its records one at a time,
     so each source's object routes its whole sub-stream at once, given empty keys (no hashing,
@@ -272,10 +305,13 @@ def _shuffle_workers(records: int, n_workers: int, n_sources: int) -> np.ndarray
     """
     workers = np.empty(records, dtype=np.int32)
     for s in range(n_sources):
-        count = len(range(s, records, n_sources))
+        index = (
+            np.arange(s, records, n_sources) if sources is None else np.flatnonzero(sources == s)
+        )
+        count = index.shape[0]
         empty = KeyBatch(np.empty(0, dtype=np.uint8), np.zeros(count + 1, dtype=np.int64))
         shuffle = registry.create("shuffle", n_workers, source=s, n_sources=n_sources)
-        workers[s::n_sources] = shuffle.route(empty)
+        workers[index] = shuffle.route(empty)
     return workers
 
 
@@ -291,6 +327,7 @@ def simulate(
     worker_speeds: np.ndarray | None = None,
     rebalance_interval: int | None = None,
     batch_size: int = 65536,
+    sources: np.ndarray | None = None,
 ) -> SimulationResult:
     """Route ``keys`` (the whole stream, in arrival order) with ``scheme`` and measure it.
 
@@ -305,6 +342,7 @@ def simulate(
             to schemes that accept ``worker_speeds``.
         rebalance_interval: records between controller rounds (TableScheme only; None: never).
         batch_size: records per routing call (the result does not depend on it).
+        sources: each record's source (0..S-1; :meth:`Router.route`), else ``i mod S``.
     """
     m = len(keys)
     if m < 1:
@@ -334,10 +372,13 @@ def simulate(
     workers = np.empty(m, dtype=np.int32)
 
     began = time.perf_counter()
-    router.prepare(keys)
+    if sources is not None:
+        sources = router._checked_sources(sources, m)
+    router.prepare(keys, sources)
     start, mark = 0, 0
     for stop in stops.tolist():
-        workers[start:stop] = router.route(keys.slice(start, stop))
+        segment = None if sources is None else sources[start:stop]
+        workers[start:stop] = router.route(keys.slice(start, stop), segment)
         if mark < marks.shape[0] and stop == marks[mark]:
             checkpoint_loads[mark] = router.loads
             mark += 1
@@ -351,7 +392,7 @@ def simulate(
     final = router.loads.copy()
     exec_time = metrics.execution_time(workers, speeds, n_workers=W)
     exec_shuffle = metrics.execution_time(
-        _shuffle_workers(m, W, router.n_sources), speeds, n_workers=W
+        _shuffle_workers(m, W, router.n_sources, sources), speeds, n_workers=W
     )
     total_state = sum(r["total_state"] for r in router.migrations)
     moved_state = sum(r["migrated_state"] for r in router.migrations)

@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "pipeline.cli.images",
     "pipeline.cli.route",
     "pipeline.cli.sim",
+    "pipeline.cli.advise",
     "pipeline.cli.produce",
     "pipeline.cli.group",
     "pipeline.cli.work",

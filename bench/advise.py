@@ -1,0 +1,349 @@
+"""`skewer advise`'s predictions against live runs: three streams, key grouping and the top two.
+
+What it measures and how: :data:`METHOD`, the prose of bench/results/advise.md. Needs a
+running broker and Redis (``skewer services up``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from bench.experiment import ExperimentResult, method_markdown, or_dash, ratio_or_none
+from operators.advice import (
+    DEFAULT_BATCH_MS,
+    P99_FACTOR,
+    THROUGHPUT_TOLERANCE,
+    Advice,
+    Candidate,
+    advise,
+    compare,
+    live_candidates,
+)
+from pipeline.io import config, extractors, kafka_io
+from pipeline.runs.advise import StreamSample, topic_sample, workload_sample
+from pipeline.runs.advise_live import run_live, topic_stream, workload_stream
+from pipeline.stages.user_topic import UserTopic
+from producers.workloads import parse
+
+METHOD = """\
+``skewer bench advise`` writes ``bench/results/advise.md`` (and ``.json``), headed by the
+command and the machine. Needs a running broker and Redis (``skewer services up``);
+``--only`` runs some of the streams, ``--records`` sets their length.
+
+Three streams of ``--records`` records each, W = 8 workers, C = 500 µs per record, the model's
+micro-batch cycle D = 250 ms (docs/advise.md#the-micro-batch):
+
+- **zipf**: ``zipf:z=1.2,keys=100000,seed=7``, dealt to 2 sources as ``skewer produce`` deals
+  it, offered at ``--rate`` R;
+- **drift**: ``drift:mode=switch,z=1.2,keys=100000,seed=7`` (the hot keys move after 80 % of
+  the stream), the same way;
+- **json**: a topic of 2 partitions written by a plain confluent-kafka producer (not skewer's):
+  values ``{"user": KEY, "ts": MS}`` with the keys of ``zipf:z=1.2,keys=100000,seed=11``,
+  record i in partition i mod 2, event times 1 / R s apart; read with ``--key json:user
+  --time json:ts``, the whole topic sampled.
+
+For each, ``advise`` ranks every scheme for throughput, then key grouping and the top two live
+schemes run live one after another as ``skewer advise --validate 2`` runs them
+(``pipeline/runs/advise_live.py``: a workload paced at R by skewer's producer, the topic read
+as a backlog). Each live run is compared with the model's prediction at the rate that run was
+offered (its summary's ``offered_rate``): R for a workload; for the topic, the pace at which the
+grouping stage reads the backlog, which is not a property of the stream. Tolerances as
+``skewer advise --check``'s (docs/advise.md#checking-the-prediction-live): the live steady
+rate within ±15 % of min(offered, bound), the live steady p99 within 2× of the predicted one,
+loads equal record for record for source-order schemes. The ranking of the three agrees with
+live when no setting the model ranks above another runs live more than 15 % slower than it.
+
+Why R = 14,000 records/s: it is 0.875 of the even split's capacity W / C = 16,000, so key
+grouping, whose busiest worker holds a hot key, is far past its capacity and its throughput is
+the bound of that worker, while the best schemes run just below theirs, where their latency
+is the batch cycle plus a queue. It is also the pace ``skewer bench latency`` shows this
+machine's pipeline sustains. The topic's backlog is read faster than any scheme's bound, so
+there every scheme's throughput is its busiest worker's.
+
+Last, ``advise``'s own wall time: ``--timed-records`` records of the zipf stream, every
+registered scheme and setting, from generating the sample to the ranking (target: 60 s).
+"""
+
+WORKERS = 8
+CPU_COST_US = 500.0
+SOURCES = 2
+RATE = 14_000.0
+RECORDS = 300_000
+TIMED_RECORDS = 1_000_000
+TARGET_ADVISE_SECONDS = 60.0
+#: Schemes run live besides key grouping: the top of the ranking.
+TOP = 2
+WINDOW_MS = 10_000
+STREAMS = {
+    "zipf": "zipf:z=1.2,keys=100000,seed=7",
+    "drift": "drift:mode=switch,z=1.2,keys=100000,seed=7",
+    "json": "zipf:z=1.2,keys=100000,seed=11",
+}
+JSON_KEY = "json:user"
+JSON_TIME = "json:ts"
+#: The JSON stream's first event time, a day ago on a minute boundary.
+START_MS = (int(time.time() * 1000) - 86_400_000) // 60_000 * 60_000
+#: Seconds between a live run's progress lines in the log.
+PROGRESS_SECONDS = 10.0
+
+Log = Callable[[str], None]
+
+
+def ranking_agrees(order: Sequence[str], live_rates: dict[str, float | None]) -> bool | None:
+    """Whether the model's ``order`` (best first) holds live: no setting runs live more than
+    :data:`THROUGHPUT_TOLERANCE` slower than one the model ranks below it (closer than that,
+    two rates do not tell settings apart); None if a live rate is missing.
+
+    >>> ranking_agrees(["fish", "pkg", "key"], {"fish": 13_900.0, "pkg": 14_000.0, "key": 6_400.0})
+    True
+    >>> ranking_agrees(["pkg", "key"], {"pkg": 5_000.0, "key": 6_400.0})
+    False
+    """
+    rates = [rate for label in order if (rate := live_rates.get(label)) is not None]
+    if len(rates) < len(order):
+        return None
+    return all(
+        rates[i] >= (1 - THROUGHPUT_TOLERANCE) * rates[j]
+        for i in range(len(rates))
+        for j in range(i + 1, len(rates))
+    )
+
+
+def predicted_at(advice: Advice, sample: StreamSample, candidate: Candidate, rate: float) -> Any:
+    """``candidate``'s figures as the model predicts them at ``rate`` records/s offered (the
+    same setting replayed again), or its figures at the advice's rate if ``rate`` gives the
+    setting another rebalance interval (a routing-table scheme's is a round at the rate)."""
+    again = advise(
+        sample.sample,
+        advice.n_workers,
+        advice.cpu_cost_us,
+        rate,
+        schemes=[candidate.scheme],
+        batch_ms=advice.batch_ms,
+    )
+    same = [c for c in again.candidates if c.label == candidate.label]
+    return (same[0] if same else candidate).figures()
+
+
+def _write_json_topic(bootstrap: str, topic: str, keys: list[bytes], rate: float) -> None:
+    """The JSON stream, by a plain confluent-kafka producer (none of skewer's settings)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    for i, key in enumerate(keys):
+        value = json.dumps({"user": key.decode(), "ts": START_MS + int(i * 1000 / rate)})
+        while True:
+            try:
+                producer.produce(topic, value.encode(), partition=i % SOURCES)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(120):
+        raise kafka_io.KafkaIOError(f"kafka: the JSON topic {topic} was not all written")
+
+
+def _stream(
+    name: str, records: int, rate: float, bootstrap: str, topic: str
+) -> tuple[StreamSample, dict[str, Any]]:
+    """The sample of stream ``name`` and the :class:`RunPlan` fields of its live runs."""
+    workload = parse(STREAMS[name])
+    if name != "json":
+        taken = workload_sample(workload, records, SOURCES, rate)
+        fields = workload_stream(taken.origin, taken.read, SOURCES, rate)
+        return taken, {**fields, "window_ms": WINDOW_MS}
+    keys = replace(workload, n=records).keys().to_list()  # type: ignore[type-var]
+    kafka_io.ensure_topic(bootstrap, topic, SOURCES)
+    _write_json_topic(bootstrap, topic, keys, rate)
+    extractor = extractors.Extractor(
+        key=extractors.parse_key(JSON_KEY), time=extractors.parse_time(JSON_TIME)
+    )
+    spec = UserTopic(topic=topic, extractor=extractor, window_ms=WINDOW_MS)
+    taken = topic_sample(bootstrap, spec, records)
+    return taken, topic_stream(bootstrap, spec, taken.read)
+
+
+def _throttled(log: Log) -> Log:
+    """``log``, passing on at most one line every :data:`PROGRESS_SECONDS`."""
+    last = [0.0]
+
+    def say(line: str) -> None:
+        if time.monotonic() - last[0] >= PROGRESS_SECONDS:
+            last[0] = time.monotonic()
+            log(line)
+
+    return say
+
+
+def measure_stream(
+    name: str, records: int, rate: float, settings: config.Settings, log: Log
+) -> dict[str, Any]:
+    """Advise on stream ``name``, run key grouping and the top two live, compare."""
+    bootstrap = settings.kafka_bootstrap
+    topic = f"bench-advise-{uuid.uuid4().hex[:8]}-json"
+    try:
+        taken, stream = _stream(name, records, rate, bootstrap, topic)
+        sample_rate = taken.rate or rate
+        advice = advise(taken.sample, WORKERS, CPU_COST_US, sample_rate, batch_ms=DEFAULT_BATCH_MS)
+        chosen = live_candidates(advice.ranking, TOP)
+        log(f"{name}: advise ranks {', '.join(c.label for c in chosen)}; running them live")
+        run_live(advice, chosen, stream, settings, say=log, progress=_throttled(log))
+    finally:
+        if name == "json":
+            kafka_io.delete_topics(bootstrap, [topic])
+    runs = []
+    for candidate in chosen:
+        measured = candidate.measured or {}
+        offered = measured.get("offered_rate")
+        predicted = predicted_at(advice, taken, candidate, offered) if offered else None
+        figures = predicted or candidate.figures()
+        checks = compare(candidate.scheme, figures, measured)
+        runs.append(
+            {
+                "label": candidate.label,
+                "scheme": candidate.scheme,
+                "rank": advice.ranking.index(candidate) + 1,
+                "predicted": figures,
+                "predicted_at_rate": candidate.figures(),
+                "measured": measured,
+                "checks": [check.summary() for check in checks],
+            }
+        )
+    order = [c.label for c in chosen]
+    live_rates = {run["label"]: run["measured"].get("throughput_bound") for run in runs}
+    return {
+        "name": name,
+        "sample": taken.summary(),
+        "rate": sample_rate,
+        "ranking": [c.label for c in advice.ranking],
+        "recommendation": advice.recommendation,
+        "runs": runs,
+        "ranking_agrees": ranking_agrees(order, live_rates),
+    }
+
+
+def time_advise(records: int, rate: float) -> dict[str, Any]:
+    """``advise``'s wall time on ``records`` of the zipf stream, every scheme and setting."""
+    began = time.perf_counter()
+    taken = workload_sample(parse(STREAMS["zipf"]), records, SOURCES, rate)
+    advice = advise(taken.sample, WORKERS, CPU_COST_US, rate, batch_ms=DEFAULT_BATCH_MS)
+    seconds = time.perf_counter() - began
+    return {
+        "records": records,
+        "schemes": len({c.scheme for c in advice.candidates}),
+        "settings": len(advice.candidates),
+        "seconds": seconds,
+        "model_seconds": advice.seconds,
+        "within": seconds <= TARGET_ADVISE_SECONDS,
+    }
+
+
+def run(
+    records: int = RECORDS,
+    rate: float = RATE,
+    timed_records: int = TIMED_RECORDS,
+    streams: Sequence[str] = tuple(STREAMS),
+    log: Log = print,
+) -> ExperimentResult:
+    """Every stream of ``streams`` measured, then advise timed; the page and its data."""
+    settings = config.load()
+    kafka_io.require_kafka(settings.kafka_bootstrap)
+    measured = [measure_stream(name, records, rate, settings, log) for name in streams]
+    log(f"timing advise on {timed_records:,} records")
+    data = {
+        "workers": WORKERS,
+        "cpu_cost_us": CPU_COST_US,
+        "batch_ms": DEFAULT_BATCH_MS,
+        "sources": SOURCES,
+        "rate": rate,
+        "records": records,
+        "streams": measured,
+        "advise_time": time_advise(timed_records, rate),
+    }
+    return ExperimentResult(
+        name="advise",
+        title="skewer advise: predicted against live",
+        markdown=body(data),
+        data=data,
+    )
+
+
+def _check(run: dict[str, Any], figure: str) -> dict[str, Any]:
+    return next(c for c in run["checks"] if c["figure"] == figure)
+
+
+def _verdict(within: bool | None) -> str:
+    return "-" if within is None else ("yes" if within else "**no**")
+
+
+def table(stream: dict[str, Any]) -> str:
+    """One stream's runs, best first: each figure predicted, live, live / predicted, within?
+
+    >>> run = {"label": "key", "rank": 9, "checks": [
+    ...     {"figure": "throughput", "predicted": 6500.0, "measured": 6400.0, "within": True},
+    ...     {"figure": "p99", "predicted": 900.0, "measured": 2000.0, "within": False},
+    ...     {"figure": "max/avg", "predicted": 2.46, "measured": 2.46, "within": True},
+    ...     {"figure": "loads", "predicted": [1], "measured": [1], "within": True}]}
+    >>> print(table({"runs": [run]}).splitlines()[-1])
+    | key | 9 | 6,500 | 6,400 | 0.98 | yes | 900 | 2,000 | 2.22 | **no** | 2.46 | 2.46 | yes |
+    """
+    within_rate, within_p99 = f"±{THROUGHPUT_TOLERANCE:.0%}?", f"{P99_FACTOR:g}×?"
+    lines = [
+        f"| setting | rank | rate/s predicted | live | ratio | {within_rate} | p99 ms predicted "
+        f"| live | ratio | {within_p99} | max/avg predicted | live | loads equal? |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---|",
+    ]
+    for run in stream["runs"]:
+        rate, p99 = _check(run, "throughput"), _check(run, "p99")
+        spread, loads = _check(run, "max/avg"), _check(run, "loads")
+        equal = loads["measured"] == loads["predicted"] if loads["measured"] is not None else None
+        cells = [
+            run["label"],
+            str(run["rank"]),
+            or_dash(rate["predicted"], ",.0f"),
+            or_dash(rate["measured"], ",.0f"),
+            or_dash(ratio_or_none(rate["measured"], rate["predicted"]), ".2f"),
+            _verdict(rate["within"]),
+            or_dash(p99["predicted"], ",.0f"),
+            or_dash(p99["measured"], ",.0f"),
+            or_dash(ratio_or_none(p99["measured"], p99["predicted"]), ".2f"),
+            _verdict(p99["within"]),
+            or_dash(spread["predicted"], ".2f"),
+            or_dash(spread["measured"], ".2f"),
+            _verdict(equal),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def body(data: dict[str, Any]) -> str:
+    """The results page below its header."""
+    parts = [
+        method_markdown(METHOD),
+        f"{data['records']:,} records per stream, R = {data['rate']:,.0f} records/s, "
+        f"W = {data['workers']}, C = {data['cpu_cost_us']:g} µs, D = {data['batch_ms']:g} ms. "
+        "Rank: the setting's place in advise's ranking for throughput; rate/s predicted = "
+        "min(offered, bound), live = the steady rate; p99 live = steady state; ratio = live / "
+        "predicted.",
+    ]
+    for stream in data["streams"]:
+        agrees = stream["ranking_agrees"]
+        parts.append(
+            f"### {stream['name']}: {stream['sample']['origin']}\n\n"
+            f"{table(stream)}\n\n"
+            f"Ranking of the three agrees with live: {_verdict(agrees)}. "
+            f"advise: {stream['recommendation']}."
+        )
+    timed = data["advise_time"]
+    parts.append(
+        f"### advise's wall time\n\n{timed['records']:,} records of the zipf stream, "
+        f"{timed['schemes']} schemes in {timed['settings']} settings: {timed['seconds']:.1f} s "
+        f"from the sample's generation to the ranking ({timed['model_seconds']:.1f} s of it "
+        f"replaying and ranking); target {TARGET_ADVISE_SECONDS:g} s: "
+        f"{_verdict(timed['within'])}."
+    )
+    return "\n\n".join(parts) + "\n"
