@@ -13,12 +13,15 @@ so partition w is still worker w.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import random
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -68,9 +71,79 @@ def start_worker_query(
     def join(timeout: float) -> None:
         worker.join(timeout)
         assert not failure, f"{plan.run_id}: the worker job failed: {failure[0]}"
-        assert not worker.is_alive(), f"{plan.run_id}: the worker job did not finish"
+        if worker.is_alive():
+            report = report_hang(spark, plan.run_id)
+            raise AssertionError(f"{plan.run_id}: the worker job did not finish; {report}")
 
     return join
+
+
+def report_hang(spark: Any, run_id: str) -> str:
+    """What a worker query that did not finish was doing, for the failure's message: its
+    status and last progress, with the driver JVM's threads, the test process's Python
+    threads and the Python workers' stacks written to a file beside the stage logs. The query
+    is then stopped, so that later tests in the same Spark application get its task slots."""
+    lines: list[str] = []
+    query = next((q for q in spark.streams.active if q.name == f"skewer-work-{run_id}"), None)
+    if query is not None:
+        progress = query.lastProgress or {}
+        lines.append(
+            f"query status {query.status}, last batch {progress.get('batchId')} "
+            f"at {progress.get('timestamp')} ({progress.get('numInputRows')} rows)"
+        )
+    jvm_pid = int(spark.sparkContext._jvm.ProcessHandle.current().pid())
+    dump = [*lines, _command_output(["jcmd", str(jvm_pid), "Thread.print"])]
+    workers = _command_output(["pgrep", "-f", "pyspark.daemon|pyspark/daemon|worker_task"])
+    for pid in workers.split():
+        dump.append(_command_output(["py-spy", "dump", "--pid", pid], py_spy=True))
+    with tempfile.NamedTemporaryFile("w+", suffix=".txt") as python_threads:
+        faulthandler.dump_traceback(python_threads, all_threads=True)
+        python_threads.seek(0)
+        dump.append(python_threads.read())
+    path = Path(tempfile.gettempdir()) / f"skewer-hang-{run_id}.txt"
+    path.write_text("\n\n".join(dump))
+    stream = _thread_frames(dump[len(lines)], f'"stream execution thread for skewer-work-{run_id}')
+    if stream:
+        lines.append(f"its stream thread at {' < '.join(stream[0][:3])}")
+    tasks = Counter(
+        " < ".join(frames[:3])
+        for frames in _thread_frames(dump[len(lines)], '"Executor task launch worker')
+    )
+    lines.append(
+        f"{sum(tasks.values())} running tasks at: "
+        + " | ".join(f"{count}x {where}" for where, count in tasks.most_common())
+        + f"; thread dumps in {path}"
+    )
+    if query is not None:
+        stopper = threading.Thread(target=query.stop, daemon=True)
+        stopper.start()
+        stopper.join(30)
+        lines.append("query stopped" if not stopper.is_alive() else "query.stop() hung too")
+    return "; ".join(lines)
+
+
+JDK_FRAMES = ("java.", "javax.", "jdk.", "sun.")
+
+
+def _thread_frames(thread_dump: str, name_prefix: str) -> list[list[str]]:
+    """The stack frames (``at ...``, innermost first) of each thread whose name starts so,
+    the JDK's own left out when others remain (they say a socket is read, not who reads)."""
+    stacks: list[list[str]] = []
+    for block in thread_dump.split("\n\n"):
+        if block.startswith(name_prefix):
+            frames = [line.strip()[3:] for line in block.splitlines() if "\tat " in line]
+            stacks.append([f for f in frames if not f.startswith(JDK_FRAMES)] or frames)
+    return stacks
+
+
+def _command_output(argv: list[str], *, py_spy: bool = False) -> str:
+    if py_spy:
+        argv = [str(Path(sys.executable).with_name("py-spy")), *argv[1:]]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"{argv[0]}: {error}"
+    return done.stdout + done.stderr
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ from pipeline.stages.worker_task import (
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, Row, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
 
@@ -212,7 +212,7 @@ def start_query(
     summaries = stream.coalesce(options.task_count).mapInArrow(processor, SUMMARY_SCHEMA)
 
     def collect_batch(frame: DataFrame, batch_id: int) -> None:
-        on_batch(batch_id, [TaskSummary(*row) for row in frame.collect()])
+        on_batch(batch_id, [TaskSummary(*row) for row in collect_in_foreach_batch(frame)])
 
     return (
         summaries.writeStream.queryName(f"skewer-work-{options.run_id}")
@@ -220,6 +220,56 @@ def start_query(
         .foreachBatch(collect_batch)
         .start()
     )
+
+
+#: The Java exceptions a stop interrupts a micro-batch with (StreamExecution.IO_EXCEPTION_NAMES).
+INTERRUPTIONS = frozenset(
+    {
+        "java.lang.InterruptedException",
+        "java.io.InterruptedIOException",
+        "java.nio.channels.ClosedByInterruptException",
+    }
+)
+
+
+class QueryStoppingError(Exception):
+    """``foreachBatch`` was interrupted because the query is being stopped."""
+
+
+def query_stopping(error: BaseException) -> QueryStoppingError | None:
+    """A short stand-in for ``error`` when it is a stop interrupting ``foreachBatch``, else None.
+
+    Spark tells a stop from a failure by matching the Python traceback it gets back against
+    ``Py4JJavaError: An error occurred while calling(.|\\n)*InterruptedException``, a regex
+    that recurses once per character: on the full Java stack trace it overflows the stream
+    thread's stack, the thread dies without marking the query stopped, and the driver's
+    ``processAllAvailable`` or ``stop`` waits forever (docs/design.md#spark-pitfalls). The
+    stand-in's message still matches, in a few hundred characters.
+    """
+    from py4j.protocol import Py4JJavaError
+
+    if not isinstance(error, Py4JJavaError):
+        return None
+    try:
+        name = str(error.java_exception.getClass().getName())
+    except Exception:
+        return None
+    if name not in INTERRUPTIONS:
+        return None
+    called = error.errmsg.strip()
+    return QueryStoppingError(f"py4j.protocol.Py4JJavaError: {called}\n: {name}")
+
+
+def collect_in_foreach_batch(frame: DataFrame) -> list[Row]:
+    """``frame.collect()`` inside ``foreachBatch``; when a stop interrupts it, the error raised
+    is :func:`query_stopping`'s short one, so that the stop does not kill the stream thread."""
+    try:
+        return frame.collect()
+    except Exception as error:
+        stopping = query_stopping(error)
+        if stopping is None:
+            raise
+        raise stopping from None
 
 
 def failure_reason(error: BaseException) -> str:
