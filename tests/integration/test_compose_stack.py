@@ -3,7 +3,7 @@ schemes one after the other, every count exact; Prometheus in the stack scrapes 
 service and records the imbalance; nothing of the project is left after ``down -v``.
 
 Under a project name and an env file of its own (:func:`session_name`, random passwords, a
-small run), with Compose v2 and the file unchanged, it runs ``docker compose build`` (the
+small run), with the Compose plugin and the file unchanged, it runs ``docker compose build`` (the
 classic builder, as ``skewer images build --local``), then docs/compose.md's ``up -d
 prometheus producer`` under ``pkg`` and again under ``mixed`` with a new ``RUN_ID`` (compose
 recreates skewer's services only); each run must pass ``skewer verify``'s check from the host.

