@@ -60,11 +60,21 @@ MAX_ROUNDS = 100
 WARM_UP_FRACTION = 0.1
 #: Schemes whose routing depends only on each source's own records in order: run live on the
 #: same records, they put exactly the model's loads on every worker (FISH too: its epochs and
-#: estimates count records). The others read a controller's table (live: rounds in seconds)
-#: or -- potc, greedy-online -- loads and keys the model shares between sources
-#: (``global_estimation``) and live sources do not.
+#: estimates count records; potc and greedy-online too: the model gives each source its own
+#: object, as live, so their loads and key tables are that source's). The others read a
+#: controller's table (live: rounds in seconds) or run only in the simulator.
 SOURCE_ORDER_SCHEMES = frozenset(
-    {"key", "shuffle", "pkg", "d-choices", "w-choices", "consistent", "fish"}
+    {
+        "key",
+        "shuffle",
+        "pkg",
+        "d-choices",
+        "w-choices",
+        "consistent",
+        "fish",
+        "potc",
+        "greedy-online",
+    }
 )
 #: Tolerances of a live check (docs/advise.md#checking-the-prediction-live): max/avg within 5 %
 #: of live, throughput within 15 % of the live steady rate, p99 within a factor 2 of live.
@@ -582,6 +592,8 @@ def advise(
     raw: list[dict[str, Any]] = []
     for done, (name, params, interval) in enumerate(plan, start=1):
         fresh = KeyBatch(sample.keys.data, sample.keys.offsets)  # hashing counts in routing cost
+        # One object per source, as the live stage runs them (potc, greedy-online); the
+        # simulator-only schemes keep the shared object they exist to show.
         result = simulate(
             name,
             fresh,
@@ -591,6 +603,7 @@ def advise(
             seed=seed,
             rebalance_interval=interval,
             sources=sample.sources,
+            per_source=name not in registry.SIMULATOR_ONLY,
         )
         loads = result.final_loads
         busiest = int(np.argmax(loads))

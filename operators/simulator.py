@@ -52,6 +52,8 @@ class Router:
         seed: passed to every source object.
         worker_speeds: relative service rates, passed to schemes that take ``worker_speeds``.
         rebalance_interval: records between controller rounds of a TableScheme (None: never).
+        per_source: one object per source even for a ``global_estimation`` scheme, as the live
+            grouping stage runs every scheme; the default shares one (the papers' model).
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class Router:
         seed: int = 0,
         worker_speeds: np.ndarray | None = None,
         rebalance_interval: int | None = None,
+        per_source: bool = False,
     ) -> None:
         if int(n_sources) < 1:
             raise SchemeError(f"{scheme}: number of sources must be >= 1, got {n_sources}")
@@ -76,8 +79,10 @@ class Router:
         self.scheme = scheme
         self.n_workers = int(n_workers)
         self.n_sources = int(n_sources)
-        self.global_estimation = bool(getattr(cls, "global_estimation", False))
+        #: True if ONE object routes the whole interleaved stream for all sources.
+        self.global_estimation = bool(getattr(cls, "global_estimation", False)) and not per_source
         count = 1 if self.global_estimation else self.n_sources
+        # The arguments of the live grouping stage's create_scheme (pipeline/stages/grouping.py).
         self.objects: list[Scheme] = [
             registry.create(
                 scheme, n_workers, source=s, n_sources=self.n_sources, seed=seed, **params
@@ -328,6 +333,7 @@ def simulate(
     rebalance_interval: int | None = None,
     batch_size: int = 65536,
     sources: np.ndarray | None = None,
+    per_source: bool = False,
 ) -> SimulationResult:
     """Route ``keys`` (the whole stream, in arrival order) with ``scheme`` and measure it.
 
@@ -343,6 +349,7 @@ def simulate(
         rebalance_interval: records between controller rounds (TableScheme only; None: never).
         batch_size: records per routing call (the result does not depend on it).
         sources: each record's source (0..S-1; :meth:`Router.route`), else ``i mod S``.
+        per_source: one object per source even for a ``global_estimation`` scheme (:class:`Router`).
     """
     m = len(keys)
     if m < 1:
@@ -364,6 +371,7 @@ def simulate(
         seed=seed,
         worker_speeds=speeds,
         rebalance_interval=rebalance_interval,
+        per_source=per_source,
     )
     W = router.n_workers
     marks = metrics.checkpoint_positions(m, int(checkpoints))

@@ -325,6 +325,25 @@ def test_global_estimation_routes_the_interleaved_stream_through_one_object() ->
     assert result.exec_time_shuffle == pytest.approx(reference_makespan(shuffle, [1] * 4))
 
 
+def test_per_source_gives_a_global_estimation_scheme_one_object_per_source(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(GlobalRoundRobin, "created", [])
+    keys = KeyBatch.from_ints(np.arange(23))
+    result = simulate("test-global", keys, 4, 3, seed=7, batch_size=5, per_source=True)
+    assert GlobalRoundRobin.created == [0, 1, 2]
+    # record i is source (i mod 3)'s (i // 3)-th: each object counts only its own records
+    assert result.workers.tolist() == [(i // 3) % 4 for i in range(23)]
+    # made as the live grouping stage makes its sources' objects (pipeline/stages/grouping.py)
+    router = Router("test-global", 4, 3, seed=7, per_source=True)
+    assert [(o.source, o.n_sources, o.seed) for o in router.objects] == [
+        (s, 3, 7) for s in range(3)
+    ]
+    assert not router.global_estimation
+    # the default is unchanged: one object for the whole stream
+    assert len(Router("test-global", 4, 3, seed=7).objects) == 1
+
+
 def test_probes_give_every_source_the_true_loads() -> None:
     words = [f"k{i % 5}".encode() for i in range(10)]
     router = Router("test-probed", 3, 2)
