@@ -6,10 +6,12 @@ running broker and Redis (``skewer services up``).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -26,7 +28,7 @@ from operators.advice import (
 )
 from pipeline.io import config, extractors, kafka_io
 from pipeline.runs.advise import StreamSample, topic_sample, workload_sample
-from pipeline.runs.advise_live import run_live, topic_stream, workload_stream
+from pipeline.runs.advise_live import Feed, run_live, topic_stream, workload_stream
 from pipeline.stages.user_topic import UserTopic
 from producers.workloads import parse
 
@@ -49,10 +51,11 @@ micro-batch cycle D = 250 ms (docs/advise.md#the-micro-batch):
 
 For each, ``advise`` ranks every scheme for throughput, then key grouping and the top two live
 schemes run live one after another as ``skewer advise --validate 2`` runs them
-(``pipeline/runs/advise_live.py``: a workload paced at R by skewer's producer, the topic read
-as a backlog). Each live run is compared with the model's prediction at the rate that run was
-offered (its summary's ``offered_rate``): R for a workload; for the topic, the pace at which the
-grouping stage reads the backlog, which is not a property of the stream. Tolerances as
+(``pipeline/runs/advise_live.py``): a workload paced at R by skewer's producer; for the JSON
+stream, the sample is read from the topic as it stands, and each live run gets a fresh topic
+that the plain producer writes at R while the run reads it (``skewer group --ending-offsets``
+tells the run where the stream ends). Each live run is compared with the model's prediction
+at the rate that run was offered (its summary's ``offered_rate``). Tolerances as
 ``skewer advise --check``'s (docs/advise.md#checking-the-prediction-live): the live steady
 rate within ±15 % of min(offered, bound), the live steady p99 within 2× of the predicted one,
 loads equal record for record for source-order schemes. The ranking of the three agrees with
@@ -62,8 +65,7 @@ Why R = 14,000 records/s: it is 0.875 of the even split's capacity W / C = 16,00
 grouping, whose busiest worker holds a hot key, is far past its capacity and its throughput is
 the bound of that worker, while the best schemes run just below theirs, where their latency
 is the batch cycle plus a queue. It is also the pace ``skewer bench latency`` shows this
-machine's pipeline sustains. The topic's backlog is read faster than any scheme's bound, so
-there every scheme's throughput is its busiest worker's.
+machine's pipeline sustains.
 
 Last, ``advise``'s own wall time: ``--timed-records`` records of the zipf stream, every
 registered scheme and setting, from generating the sample to the ranking (target: 60 s).
@@ -88,6 +90,8 @@ JSON_KEY = "json:user"
 JSON_TIME = "json:ts"
 #: The JSON stream's first event time, a day ago on a minute boundary.
 START_MS = (int(time.time() * 1000) - 86_400_000) // 60_000 * 60_000
+#: Records the paced JSON writer sends between two looks at the clock.
+PACE_STEP = 50
 #: Seconds between a live run's progress lines in the log.
 PROGRESS_SECONDS = 10.0
 
@@ -130,12 +134,21 @@ def predicted_at(advice: Advice, sample: StreamSample, candidate: Candidate, rat
     return (same[0] if same else candidate).figures()
 
 
-def _write_json_topic(bootstrap: str, topic: str, keys: list[bytes], rate: float) -> None:
-    """The JSON stream, by a plain confluent-kafka producer (none of skewer's settings)."""
+def _write_json_topic(
+    bootstrap: str, topic: str, keys: list[bytes], rate: float, *, paced: bool = False
+) -> None:
+    """The JSON stream, by a plain confluent-kafka producer (none of skewer's settings); with
+    ``paced``, record i is sent i / ``rate`` s after the first, as a live source would."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5 if paced else 20})
+    began = time.monotonic()
     for i, key in enumerate(keys):
+        if paced and i % PACE_STEP == 0:
+            ahead = began + i / rate - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
+            producer.poll(0)
         value = json.dumps({"user": key.decode(), "ts": START_MS + int(i * 1000 / rate)})
         while True:
             try:
@@ -147,15 +160,57 @@ def _write_json_topic(bootstrap: str, topic: str, keys: list[bytes], rate: float
         raise kafka_io.KafkaIOError(f"kafka: the JSON topic {topic} was not all written")
 
 
+def _json_feed(bootstrap: str, keys: list[bytes], rate: float, spec: UserTopic) -> Feed:
+    """Each live run of the JSON stream on a topic of its own, which the plain producer writes
+    at ``rate`` once the run's stages have started; the run ends at the offsets it will reach."""
+    ends = tuple(len(range(p, len(keys), SOURCES)) for p in range(SOURCES))
+
+    @contextlib.contextmanager
+    def feed() -> Iterator[tuple[dict[str, Any], Callable[[Any], None]]]:
+        topic = f"bench-advise-{uuid.uuid4().hex[:8]}-json-live"
+        kafka_io.ensure_topic(bootstrap, topic, SOURCES)
+        failed: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                _write_json_topic(bootstrap, topic, keys, rate, paced=True)
+            except BaseException as error:
+                failed.append(error)
+
+        writer = threading.Thread(target=write, name=f"write-{topic}", daemon=True)
+        fields = {
+            "input_topic": topic,
+            "key": JSON_KEY,
+            "time": JSON_TIME,
+            "window_ms": spec.window_ms,
+            "max_out_of_order_ms": spec.max_out_of_order_ms,
+            "idle_timeout_ms": spec.idle_timeout_ms,
+            "sources": SOURCES,
+            "records": len(keys),
+            "ending_offsets": ends,
+        }
+        try:
+            yield fields, lambda _pipeline: writer.start()
+        finally:
+            if writer.is_alive() or writer.ident is not None:
+                writer.join()
+            kafka_io.delete_topics(bootstrap, [topic])
+        if failed:
+            raise failed[0]
+
+    return feed
+
+
 def _stream(
     name: str, records: int, rate: float, bootstrap: str, topic: str
-) -> tuple[StreamSample, dict[str, Any]]:
-    """The sample of stream ``name`` and the :class:`RunPlan` fields of its live runs."""
+) -> tuple[StreamSample, dict[str, Any], Feed | None]:
+    """The sample of stream ``name``, the :class:`RunPlan` fields of its live runs, and for the
+    JSON stream the feed that writes each live run's topic at the stream's pace."""
     workload = parse(STREAMS[name])
     if name != "json":
         taken = workload_sample(workload, records, SOURCES, rate)
         fields = workload_stream(taken.origin, taken.read, SOURCES, rate)
-        return taken, {**fields, "window_ms": WINDOW_MS}
+        return taken, {**fields, "window_ms": WINDOW_MS}, None
     keys = replace(workload, n=records).keys().to_list()  # type: ignore[type-var]
     kafka_io.ensure_topic(bootstrap, topic, SOURCES)
     _write_json_topic(bootstrap, topic, keys, rate)
@@ -164,7 +219,7 @@ def _stream(
     )
     spec = UserTopic(topic=topic, extractor=extractor, window_ms=WINDOW_MS)
     taken = topic_sample(bootstrap, spec, records)
-    return taken, topic_stream(bootstrap, spec, taken.read)
+    return taken, topic_stream(bootstrap, spec, taken.read), _json_feed(bootstrap, keys, rate, spec)
 
 
 def _throttled(log: Log) -> Log:
@@ -186,12 +241,12 @@ def measure_stream(
     bootstrap = settings.kafka_bootstrap
     topic = f"bench-advise-{uuid.uuid4().hex[:8]}-json"
     try:
-        taken, stream = _stream(name, records, rate, bootstrap, topic)
+        taken, stream, feed = _stream(name, records, rate, bootstrap, topic)
         sample_rate = taken.rate or rate
         advice = advise(taken.sample, WORKERS, CPU_COST_US, sample_rate, batch_ms=DEFAULT_BATCH_MS)
         chosen = live_candidates(advice.ranking, TOP)
         log(f"{name}: advise ranks {', '.join(c.label for c in chosen)}; running them live")
-        run_live(advice, chosen, stream, settings, say=log, progress=_throttled(log))
+        run_live(advice, chosen, stream, settings, say=log, progress=_throttled(log), feed=feed)
     finally:
         if name == "json":
             kafka_io.delete_topics(bootstrap, [topic])

@@ -14,14 +14,16 @@ bad scheme, W or topic, 1 when Kafka or Redis does not answer or a source fails.
 T, the key and event time taken from each record (``--key``, ``--time``), the watermark from the
 data (``--max-out-of-order``, ``--idle-timeout``), records later than their window's close sent
 to topic ``late`` (:mod:`pipeline.stages.user_topic`). ``--until-end`` then reads what T holds
-when the stage starts and exits.
+when the stage starts and exits, or up to ``--ending-offsets`` (a topic still being written).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from pipeline.cli.arguments import (
     add_command,
@@ -32,6 +34,9 @@ from pipeline.cli.arguments import (
     add_window_argument,
 )
 from pipeline.observe.exporter import start_exporter
+
+if TYPE_CHECKING:
+    from pipeline.stages.user_topic import UserTopic
 
 DEFAULT_SCHEME = "key"
 
@@ -60,6 +65,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--lateness-ms", type=int, default=0, help="the aggregator's allowed lateness (0)"
     )
     add_input_topic_arguments(parser)
+    parser.add_argument(
+        "--ending-offsets",
+        metavar="O0,O1,...",
+        help="with --input-topic and --until-end: end at these offsets, one per partition, "
+        "instead of each partition's end when the run starts (a topic still being written)",
+    )
     add_stage_arguments(parser, scheme_label=False, until_end="exit after forwarding END_OF_STREAM")
     parser.set_defaults(handler=run)
 
@@ -82,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError(f"--input-topic {user_topic.topic}: no such topic")
             args.sources = partitions
     require_at_least(1, ("--sources", args.sources), ("--batch-size", args.batch_size))
+    if args.ending_offsets is not None:
+        user_topic = with_ending_offsets(user_topic, args.ending_offsets, args.sources)
     sources = sorted(set(args.source)) if args.source else list(range(args.sources))
     if any(not 0 <= s < args.sources for s in sources):
         raise UsageError(f"--source must lie in 0..{args.sources - 1}, got {args.source}")
@@ -141,3 +154,26 @@ def run(args: argparse.Namespace) -> int:
             f"{total['dead_letters']}, {total['late']:,} late, in {total['seconds']:.2f} s"
         )
     return 0
+
+
+def with_ending_offsets(topic: UserTopic | None, listed: str, sources: int) -> UserTopic:
+    """``topic`` ending at ``--ending-offsets`` (one per partition); UsageError with one line
+    for a list of other length or of anything but offsets, or without ``--input-topic``."""
+    from pipeline.cli.arguments import UsageError
+
+    if topic is None:
+        raise UsageError("--ending-offsets needs --input-topic")
+    try:
+        offsets = tuple(int(word) for word in listed.split(","))
+    except ValueError:
+        raise UsageError(f"--ending-offsets {listed!r}: not a list of offsets") from None
+    if len(offsets) != sources:
+        raise UsageError(
+            f"--ending-offsets gives {len(offsets)} offset(s) for {sources} partition(s)"
+        )
+    ending = dataclasses.replace(topic, ending_offsets=offsets)
+    try:
+        ending.validate()
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    return ending

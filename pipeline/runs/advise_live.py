@@ -11,6 +11,7 @@ What is compared and why: docs/advise.md#checking-the-prediction-live.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,11 @@ if TYPE_CHECKING:
 RUN_TIMEOUT = 1800.0
 
 Log = Callable[[str], None]
+#: A run's own stream (see :func:`run_live`): its :class:`RunPlan` fields, and what to start
+#: once the run's stages have.
+Feed = Callable[
+    [], contextlib.AbstractContextManager[tuple[dict[str, Any], Callable[["Pipeline"], None]]]
+]
 
 
 class LiveRunError(Exception):
@@ -129,39 +135,60 @@ def run_live(
     *,
     say: Log,
     progress: Log,
+    feed: Feed | None = None,
 ) -> None:
     """Run each of ``candidates`` live, one after another, and fill its ``measured``.
 
     ``say`` gets a line per run, ``progress`` the run's progress lines. A topic must still hold
-    what was sampled before each run. :class:`LiveRunError` names the setting whose run failed.
+    what was sampled before each run, unless ``feed`` gives each run its own: entered per run,
+    it yields the run's stream (``stream`` updated) and what to start once the run's stages
+    have (a writer of the topic). :class:`LiveRunError` names the setting whose run failed.
     """
-    from pipeline.runs import orchestrator
 
     for i, candidate in enumerate(candidates, start=1):
-        if "input_topic" in stream:
-            whole_topic(settings.kafka_bootstrap, stream["input_topic"], stream["records"])
-        plan = setting_plan(settings, candidate, advice, stream)
-        say(f"live run {i}/{len(candidates)}: {candidate.label} (run {plan.run_id})")
-        rates: list[float | None] = []
+        with contextlib.ExitStack() as run_stack:
+            on_start = None
+            if feed is not None:
+                fields, on_start = run_stack.enter_context(feed())
+                run_stream = {**stream, **fields}
+            else:
+                run_stream = stream
+                if "input_topic" in stream:
+                    whole_topic(settings.kafka_bootstrap, stream["input_topic"], stream["records"])
+            plan = setting_plan(settings, candidate, advice, run_stream)
+            say(f"live run {i}/{len(candidates)}: {candidate.label} (run {plan.run_id})")
+            candidate.measured = _run_one(plan, settings, candidate.label, progress, on_start)
 
-        def read_rate(
-            pipeline: Pipeline, _summary: RunSummary, rates: list[float | None] = rates
-        ) -> None:
-            # The records the summary's steady cut counts from: the plan's, as summary_timing.
-            sampler = pipeline.sampler
-            rates.append(
-                steady_rate(sampler.snapshots, pipeline.plan.records, sampler.last_applied)
-            )
 
-        def show(
-            state: Progress, label: str = candidate.label, records: int = plan.records
-        ) -> None:
-            progress(f"{label}: {state.line(records)}")
+def _run_one(
+    plan: RunPlan,
+    settings: config.Settings,
+    label: str,
+    progress: Log,
+    on_start: Callable[[Pipeline], None] | None,
+) -> dict[str, Any]:
+    """One live run of ``plan``, whole; its :func:`measured` figures."""
+    from pipeline.runs import orchestrator
 
-        try:
-            summary = orchestrator.run_pipeline(
-                plan, settings, timeout=RUN_TIMEOUT, on_progress=show, on_end=read_rate
-            )
-        except orchestrator.PipelineError as error:
-            raise LiveRunError(f"live run of {candidate.label} failed: {error}") from None
-        candidate.measured = measured(summary, rates[0] if rates else None)
+    rates: list[float | None] = []
+
+    def read_rate(pipeline: Pipeline, _summary: RunSummary) -> None:
+        # The records the summary's steady cut counts from: the plan's, as summary_timing.
+        sampler = pipeline.sampler
+        rates.append(steady_rate(sampler.snapshots, pipeline.plan.records, sampler.last_applied))
+
+    def show(state: Progress) -> None:
+        progress(f"{label}: {state.line(plan.records)}")
+
+    try:
+        summary = orchestrator.run_pipeline(
+            plan,
+            settings,
+            timeout=RUN_TIMEOUT,
+            on_progress=show,
+            on_start=on_start,
+            on_end=read_rate,
+        )
+    except orchestrator.PipelineError as error:
+        raise LiveRunError(f"live run of {label} failed: {error}") from None
+    return measured(summary, rates[0] if rates else None)

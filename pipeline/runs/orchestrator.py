@@ -394,8 +394,9 @@ class Pipeline:
     def timeline(self) -> tuple[int | None, int | None, int | None, int | None]:
         """Kafka timestamps (ms): the first and the last record of ``keys``, the last of
         ``work`` (the grouping stage done) and the last of ``results`` (the last window final).
-        A user's topic may hold records of long ago: its run starts and ends with ``work``."""
-        from confluent_kafka import TopicPartition
+        A user's topic may hold records of long ago: its run starts and ends with ``work``, or
+        with the topic's first record if that came later (a topic written while it is read)."""
+        from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
         names, consumer = self.plan.names, self._kafka()
         first_topic, first_partitions = (
@@ -420,6 +421,14 @@ class Pipeline:
         (results_end,) = self._end_offsets(names.results_topic, 1)
         final = kafka_io.last_timestamp(consumer, names.results_topic, 0, results_end)
         first = min((t for t in firsts if t is not None), default=None)
+        if self.plan.input_topic is not None and first is not None:
+            written = [
+                kafka_io.first_timestamp(
+                    consumer, TopicPartition(self.plan.input_topic, p, OFFSET_BEGINNING)
+                )
+                for p in range(self.plan.sources)
+            ]
+            first = max(first, min((t for t in written if t is not None), default=first))
         last_routed = max((t for t in routed if t is not None), default=None)
         last = max((t for t in lasts if t is not None), default=None)
         return first, last, last_routed, final

@@ -72,6 +72,9 @@ class RunPlan:
     sum: str | None = None
     max_out_of_order_ms: int = 5_000
     idle_timeout_ms: int = 10_000
+    #: Where the run ends in ``input_topic``, one offset per partition (``--ending-offsets``);
+    #: None: each partition's end when the grouping stage starts.
+    ending_offsets: tuple[int, ...] | None = None
     #: Where the workers' Spark tasks run (``--spark-master``); ``local`` by default.
     spark_master: str = config.DEFAULT_SPARK_MASTER
     #: Spark tasks per micro-batch (``skewer work --tasks``); None: the worker job's default.
@@ -95,6 +98,7 @@ class RunPlan:
             idle_timeout_ms=self.idle_timeout_ms,
             window_ms=self.window_ms,
             lateness_ms=self.lateness_ms,
+            ending_offsets=self.ending_offsets,
         )
 
     @property
@@ -207,6 +211,8 @@ class RunPlan:
                 out += ["--idle-timeout", f"{self.idle_timeout_ms}ms"]
                 if self.sum:
                     out += ["--sum", self.sum]
+                if self.ending_offsets is not None:
+                    out += ["--ending-offsets", ",".join(map(str, self.ending_offsets))]
             return [*out, *params, *run, "--until-end", "--json"]
         if stage == "work":
             checkpoint = self.checkpoint_dir(settings or config.load())

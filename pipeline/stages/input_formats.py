@@ -288,7 +288,8 @@ class UserTopicRecords:
         return DataWatermark(self.spec.max_out_of_order_ms)
 
     def start(self, consumer: Any, watermark: Watermark) -> None:
-        """A bounded run's first start: note the partition's end offset, where it ends."""
+        """A bounded run's first start: note where it ends, the partition's end offset or the
+        one ``--ending-offsets`` gives it."""
         from confluent_kafka import TopicPartition
 
         assert isinstance(watermark, DataWatermark)
@@ -296,6 +297,8 @@ class UserTopicRecords:
             self._first_offset, watermark.end_offset = kafka_io.watermark_offsets(
                 consumer, TopicPartition(self.spec.topic, self.source), timeout=60
             )
+            if self.spec.ending_offsets is not None:
+                watermark.end_offset = self.spec.ending_offsets[self.source]
 
     def warm_up(self) -> None:
         """Load the extractor's compiled kernels now, not in the first live batch."""
@@ -306,6 +309,9 @@ class UserTopicRecords:
         and a pending end update ``watermark``."""
         assert isinstance(watermark, DataWatermark)
         spec = self.spec
+        if watermark.end_offset >= 0 and messages and messages[-1].offset() >= watermark.end_offset:
+            # A bounded run routes nothing at or past its end (the topic may still be written).
+            messages = [m for m in messages if m.offset() < watermark.end_offset]
         n = len(messages)
         if n:
             self._last_record_at = time.monotonic()

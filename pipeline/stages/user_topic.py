@@ -56,6 +56,10 @@ class UserTopic:
     idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS
     window_ms: int = 10_000
     lateness_ms: int = 0
+    #: Where a bounded run ends, partition by partition (Spark's ``endingOffsets``): by
+    #: default each partition's end offset when the run first starts; given, a topic still
+    #: being written can be read to a known end.
+    ending_offsets: tuple[int, ...] | None = None
 
     def validate(self) -> None:
         """ValueError with one line for the user unless every setting makes sense."""
@@ -67,6 +71,8 @@ class UserTopic:
             raise ValueError(f"--idle-timeout must be >= 0, got {self.idle_timeout_ms}")
         if self.window_ms < 1 or self.lateness_ms < 0:
             raise ValueError("--window-ms must be >= 1 and --lateness-ms >= 0")
+        if self.ending_offsets is not None and min(self.ending_offsets, default=-1) < 0:
+            raise ValueError(f"--ending-offsets must be >= 0, got {list(self.ending_offsets)}")
 
 
 def describe(topic: UserTopic, names: RunNames) -> str:
@@ -83,6 +89,7 @@ def describe(topic: UserTopic, names: RunNames) -> str:
             "idle_timeout_ms": topic.idle_timeout_ms,
             "window_ms": topic.window_ms,
             "lateness_ms": topic.lateness_ms,
+            "ending_offsets": None if topic.ending_offsets is None else list(topic.ending_offsets),
         }
     )
 
@@ -116,8 +123,13 @@ def restore(text: str | bytes) -> tuple[UserTopic, str]:
         idle_timeout_ms=int(state["idle_timeout_ms"]),
         window_ms=int(state["window_ms"]),
         lateness_ms=int(state["lateness_ms"]),
+        ending_offsets=_offsets(state.get("ending_offsets")),
     )
     return topic, str(state["topic_prefix"])
+
+
+def _offsets(listed: list[int] | None) -> tuple[int, ...] | None:
+    return None if listed is None else tuple(int(offset) for offset in listed)
 
 
 class ForwardedWatermark:

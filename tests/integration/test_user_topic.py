@@ -10,7 +10,7 @@ Two streams, each produced here by a plain client, never by skewer's producer:
   be read (not JSON, no ``user``, a ``ts`` that is no time, ``bytes`` that is no number);
 - **plain bytes** keyed by the Kafka key and timed by the Kafka timestamp (confluent-kafka
   with explicit timestamps), again with records out of order, late ones, and records without
-  a key.
+  a key; half of it is written while the runs read it, which end at ``--ending-offsets``.
 
 Each stream runs under pkg and under mixed (a routing-table scheme: the controller runs),
 reading what the topic holds (a bounded run). Every run must pass the Spark batch recount
@@ -183,7 +183,8 @@ def console_produce(settings: config.Settings, topic: str, lines: list[str]) -> 
 # --- the bytes stream, by a plain confluent-kafka producer -------------------------------------
 
 
-def produce_bytes(settings: config.Settings, topic: str) -> None:
+def produce_bytes(settings: config.Settings, topic: str, part: slice) -> None:
+    """Records ``part`` of the bytes stream (the same records whatever the part)."""
     from confluent_kafka import Producer
 
     rng = np.random.default_rng(4)
@@ -191,7 +192,8 @@ def produce_bytes(settings: config.Settings, topic: str) -> None:
     for i, t in enumerate(event_times(rng, RECORDS)):
         key = None if i % 1201 == 600 else f"url-{int(rng.zipf(1.2)) % 800}".encode()
         value = rng.bytes(int(rng.integers(0, 64)))
-        producer.produce(topic, value, key, partition=i % PARTITIONS, timestamp=t)
+        if i in range(RECORDS)[part]:
+            producer.produce(topic, value, key, partition=i % PARTITIONS, timestamp=t)
         if i % 5_000 == 0:
             producer.poll(0)
     assert producer.flush(60) == 0
@@ -218,9 +220,14 @@ class Outcome:
 
 
 def run_on_topic(
-    settings: config.Settings, spark: Any, plan: RunPlan, *, cli_verify: bool = False
+    settings: config.Settings,
+    spark: Any,
+    plan: RunPlan,
+    *,
+    cli_verify: bool = False,
+    during: Any = None,
 ) -> Outcome:
-    with shared_spark_run(plan, settings, spark) as pipeline:
+    with shared_spark_run(plan, settings, spark, during=during) as pipeline:
         store = pipeline.store
         summary = pipeline.summary()
         results = {w: store.result(w) for w in store.final_windows()}
@@ -244,7 +251,12 @@ def run_on_topic(
 
 
 def plans_for(
-    topic: str, key: str, time_spec: str, tag: str, amount: str | None = None
+    topic: str,
+    key: str,
+    time_spec: str,
+    tag: str,
+    amount: str | None = None,
+    ending_offsets: tuple[int, ...] | None = None,
 ) -> list[RunPlan]:
     return [
         RunPlan(
@@ -258,6 +270,7 @@ def plans_for(
             time=time_spec,
             sum=amount,
             max_out_of_order_ms=BOUND_MS,
+            ending_offsets=ending_offsets,
             run_id=f"own-{tag}-{scheme}-{new_run_id()[5:]}",
         )
         for scheme in ("pkg", "mixed")
@@ -308,13 +321,32 @@ def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(
 def test_a_bytes_topic_keyed_and_timed_by_kafka_is_grouped_exactly(
     settings: config.Settings, spark: Any, create_topic: Any, topic_name: str
 ) -> None:
+    """The topic is still being written while the runs read it: the first half is there
+    when they start, the second half comes once every stage of both runs has started, and
+    ``--ending-offsets`` (the whole stream's, partition by partition) tells them where it ends."""
     topic = create_topic(topic_name, PARTITIONS)
-    produce_bytes(settings, topic)
-    expected = expected_from_topic(settings.kafka_bootstrap, topic, parse_bytes)
-    assert expected.dead_letters == Counter({"no-key": 10})
-    plans = plans_for(topic, "kafka-key", "kafka-timestamp", "bytes")
+    half = RECORDS // 2
+    produce_bytes(settings, topic, slice(0, half))
+    started = threading.Barrier(2, action=lambda: rest.start())
+    rest = threading.Thread(target=produce_bytes, args=(settings, topic, slice(half, None)))
+    ends = tuple(len(range(p, RECORDS, PARTITIONS)) for p in range(PARTITIONS))
+    plans = plans_for(topic, "kafka-key", "kafka-timestamp", "bytes", ending_offsets=ends)
     with ThreadPoolExecutor(len(plans)) as pool:
-        outcomes = list(pool.map(lambda p: run_on_topic(settings, spark, p), plans))
+        outcomes = list(
+            pool.map(
+                lambda p: run_on_topic(settings, spark, p, during=lambda _: started.wait(120)),
+                plans,
+            )
+        )
+    rest.join()
+    expected = expected_from_topic(settings.kafka_bootstrap, topic, parse_bytes)
+    assert (
+        sum(expected.dead_letters.values())
+        + expected.late
+        + sum(sum(c.values()) for c in expected.counts.values())
+        == RECORDS
+    )
+    assert expected.dead_letters == Counter({"no-key": 10})
     for outcome in outcomes:
         check(outcome, expected)
 

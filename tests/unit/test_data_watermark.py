@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -72,3 +75,35 @@ def test_the_watermark_state_survives_the_offset_metadata() -> None:
     restored = DataWatermark(bound_ms=5_000).restored(watermark.to_metadata())
     assert restored == watermark
     assert DataWatermark(bound_ms=5).restored(None) == DataWatermark(bound_ms=5)
+
+
+def test_ending_offsets_reach_the_grouping_stage_and_survive_redis() -> None:
+    from pipeline.cli.arguments import UsageError
+    from pipeline.cli.group import with_ending_offsets
+    from pipeline.io import config
+    from pipeline.io.kafka_io import RunNames
+    from pipeline.runs.plan import RunPlan
+    from pipeline.stages.user_topic import describe, restore
+
+    plan = RunPlan(
+        scheme="pkg", records=10, sources=2, input_topic="t", ending_offsets=(5, 7), run_id="r"
+    )
+    argv = plan.argv("group", config.load({}))
+    assert argv[argv.index("--ending-offsets") + 1] == "5,7"
+    topic = plan.user_topic()
+    assert topic is not None and topic.ending_offsets == (5, 7)
+    restored, _prefix = restore(describe(topic, RunNames("r")))
+    assert restored == topic
+    bare = RunPlan(scheme="pkg", records=10, input_topic="t", run_id="r").user_topic()
+    assert bare is not None and restore(describe(bare, RunNames("r")))[0].ending_offsets is None
+    assert "--ending-offsets" not in RunPlan(scheme="pkg", records=10, run_id="r").argv("group")
+    assert with_ending_offsets(bare, "3,4", 2).ending_offsets == (3, 4)
+    for listed, sources, message in [
+        ("3", 2, "--ending-offsets gives 1 offset(s) for 2 partition(s)"),
+        ("3,x", 2, "--ending-offsets '3,x': not a list of offsets"),
+        ("3,-1", 2, "--ending-offsets must be >= 0, got [3, -1]"),
+    ]:
+        with pytest.raises(UsageError, match=re.escape(message)):
+            with_ending_offsets(bare, listed, sources)
+    with pytest.raises(UsageError, match="--ending-offsets needs --input-topic"):
+        with_ending_offsets(None, "3,4", 2)
