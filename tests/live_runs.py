@@ -321,6 +321,41 @@ def wait_for_the_fault_moment(pipeline: Pipeline, fraction: float = 0.25) -> Non
     assert pipeline.progress().processed < plan.records, "the run ended before the fault"
 
 
+@contextlib.contextmanager
+def two_runs_at_the_fault_moment(
+    settings: config.Settings, tag: str, **fields: Any
+) -> Iterator[list[Pipeline]]:
+    """A pkg run and a mixed run (:func:`fault_plan`; ``fields`` for both) side by side, their
+    producers started together once both runs are ready; yields them once the mixed one, on a
+    drifting stream, has a migration in flight, with both still running: the moment a fault
+    test strikes both at once. The pkg run's stream is the longer (20 s against 8 s), so it
+    still has micro-batches in flight then."""
+    plans = [
+        fault_plan("pkg", f"{tag}-pkg", **{"records": 60_000, **fields}),
+        fault_plan("mixed", f"{tag}-mixed", **fields),
+    ]
+    with contextlib.ExitStack() as runs:
+        pipelines = [runs.enter_context(run_of(plan, settings)) for plan in plans]
+        # Both Spark applications start at once; the stages are started from this thread, as
+        # they die with the thread that started them (PR_SET_PDEATHSIG).
+        for pipeline in pipelines:
+            pipeline.prepare()
+            pipeline.start("work")
+        for pipeline in pipelines:
+            pipeline.wait_work_ready()
+        for pipeline in pipelines:
+            pipeline.start_all([s for s in pipeline.plan.stages if s not in ("work", "produce")])
+        for pipeline in pipelines:
+            pipeline.wait_group_ready()
+            pipeline.wait_workers_applied()
+        for pipeline in pipelines:
+            pipeline.start("produce")
+        wait_for_the_fault_moment(pipelines[1])
+        pkg = pipelines[0]
+        assert pkg.progress().processed < pkg.plan.records, "the pkg run ended before the fault"
+        yield pipelines
+
+
 def check_exact_without_restarts(pipeline: Pipeline, timeout: float = RUN_TIMEOUT) -> None:
     """Wait for the run's end, then :func:`assert_exact_without_restarts` on its summary."""
     pipeline.wait(timeout=timeout)

@@ -6,7 +6,7 @@ Each test runs a Sentinel set of its own (``skewer services up --redis-sentinel`
 in the test's own run folder; the session's Kafka), pointed at by ``SKEWER_REDIS_URL`` =
 ``redis+sentinel://...``, and stops it at the end, pass or fail.
 
-The two fault tests kill the primary with SIGKILL mid-run; each says in its docstring what is
+The fault test kills the primary with SIGKILL while two runs use it; its docstring says what is
 killed, when and what recovery is expected. What makes them exact: a worker's apply returns
 only once a replica acknowledged it (``WAIT 1``), so the replica Sentinel promotes holds every
 batch Spark may have committed, and an apply cut off by the kill is retried on the new
@@ -20,13 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from live_runs import (
-    check_exact_without_restarts,
-    fault_plan,
-    free_ports,
-    run_of,
-    wait_for_the_fault_moment,
-)
+from live_runs import check_exact_without_restarts, free_ports, two_runs_at_the_fault_moment
 
 from pipeline.cli import app
 from pipeline.io import config, kafka_io, redis_client
@@ -119,24 +113,20 @@ def test_a_sentinel_that_names_no_primary_is_refused_with_exit_2(
         assert kafka_io.topic_partitions(settings.kafka_bootstrap, topic) is None, topic
 
 
-@pytest.mark.parametrize("scheme", ["pkg", "mixed"])
-def test_kill_9_of_the_primary_mid_run_fails_over_and_keeps_counts_exact(
-    sentinel_set: config.Settings, scheme: str
+def test_kill_9_of_the_primary_under_two_runs_fails_over_and_keeps_both_exact(
+    sentinel_set: config.Settings,
 ) -> None:
-    """What is killed: the Redis primary, with SIGKILL. When: for pkg, once a quarter of the
-    records are processed, with micro-batches in flight; for mixed on a drifting stream, while
-    a migration is in flight (the controller published a table and keys' state moves between
-    workers in Redis). Recovery expected: within seconds the sentinels promote a replica,
-    which holds every apply a replica acknowledged (``WAIT``); every stage's client (Spark's
-    workers, grouping stage, aggregator, controller, producers) reconnects to it through the
-    sentinels and retries, an apply cut off is applied there once, and a migration completes.
-    No stage restarts, records produced = processed, and every (key, window) count equals the
-    ground truth."""
-    plan = fault_plan(scheme, f"sentinel-{scheme}")
-    with run_of(plan, config.load()) as pipeline:
-        pipeline.prepare()
-        pipeline.start_all()
-        wait_for_the_fault_moment(pipeline)
+    """What is killed: the Redis primary, with SIGKILL. When: two runs use it at once (pkg,
+    and mixed on a drifting stream), while the mixed run has a migration in flight (the
+    controller published a table and keys' state moves between workers in Redis) and the pkg
+    run has micro-batches in flight. Recovery expected: within seconds the sentinels promote a
+    replica, which holds every apply a replica acknowledged (``WAIT``); every stage's client
+    (Spark's workers, grouping stage, aggregator, controller, producers) reconnects to it
+    through the sentinels and retries, an apply cut off is applied there once, and the
+    migration completes. No stage of either run restarts, records produced = processed, and
+    every (key, window) count of each equals its ground truth."""
+    with two_runs_at_the_fault_moment(config.load(), "sentinel") as pipelines:
         killed = kill_primary(sentinel_set)
         wait_for_failover(sentinel_set, killed)
-        check_exact_without_restarts(pipeline)
+        for pipeline in pipelines:
+            check_exact_without_restarts(pipeline)

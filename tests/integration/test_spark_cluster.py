@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from live_runs import check_exact_without_restarts, fault_plan, run_of, wait_for_the_fault_moment
+from live_runs import check_exact_without_restarts, two_runs_at_the_fault_moment
 
 from pipeline.cli import app
 from pipeline.io import config, probes
@@ -95,6 +95,14 @@ def test_a_master_that_does_not_answer_is_refused_with_exit_2(
     )
 
 
+def two_runs_on(
+    master: str, settings: config.Settings, tag: str
+) -> contextlib.AbstractContextManager[list[Pipeline]]:
+    """:func:`live_runs.two_runs_at_the_fault_moment` on the cluster, W = 4 each, so each
+    asks for 4 of its 8 cores."""
+    return two_runs_at_the_fault_moment(settings, tag, spark_master=master, workers=4)
+
+
 def executor_pids(settings: config.Settings, runs: list[Pipeline]) -> list[int]:
     """The pids of the executor JVMs of ``runs``' Spark applications (by the application ids
     the master gives ``skewer-work-{run}``): another test session's cluster may have some too."""
@@ -117,40 +125,6 @@ def executor_pids(settings: config.Settings, runs: list[Pipeline]) -> list[int]:
     return pids
 
 
-@contextlib.contextmanager
-def two_runs_sharing(master: str, settings: config.Settings, tag: str) -> Iterator[list[Pipeline]]:
-    """A pkg run and a mixed run (W = 4 each, so each asks for 4 of the cluster's 8 cores) on the
-    cluster at once, started together; yields them once the mixed one, on a drifting stream,
-    has a migration in flight, with both still running: the moment a fault test strikes. The
-    pkg run's stream is the longer (20 s against 8 s), so it is still going then."""
-    plans = [
-        fault_plan("pkg", f"{tag}-pkg", spark_master=master, workers=4, records=60_000),
-        fault_plan("mixed", f"{tag}-mixed", spark_master=master, workers=4),
-    ]
-    with contextlib.ExitStack() as runs:
-        pipelines = [runs.enter_context(run_of(plan, settings)) for plan in plans]
-        # Both Spark applications start at once; the stages are started from this thread, as
-        # they die with the thread that started them (PR_SET_PDEATHSIG).
-        for pipeline in pipelines:
-            pipeline.prepare()
-            pipeline.start("work")
-        for pipeline in pipelines:
-            pipeline.wait_work_ready()
-        for pipeline in pipelines:
-            pipeline.start_all([s for s in pipeline.plan.stages if s not in ("work", "produce")])
-        # Both runs' producers start together, once both runs are ready for them, so the pkg
-        # run's longer stream is still going when the mixed run migrates.
-        for pipeline in pipelines:
-            pipeline.wait_group_ready()
-            pipeline.wait_workers_applied()
-        for pipeline in pipelines:
-            pipeline.start("produce")
-        wait_for_the_fault_moment(pipelines[1])
-        pkg = pipelines[0]
-        assert pkg.progress().processed < pkg.plan.records, "the pkg run ended before the fault"
-        yield pipelines
-
-
 def test_kill_9_of_a_spark_worker_under_two_runs_keeps_both_exact(
     whole_cluster: str, settings: config.Settings
 ) -> None:
@@ -167,7 +141,7 @@ def test_kill_9_of_a_spark_worker_under_two_runs_keeps_both_exact(
     record = process.read_pid_file(worker.pid_path)
     if record is None:
         pytest.skip("the Spark workers are not this checkout's (started by someone else)")
-    with two_runs_sharing(whole_cluster, settings, "spark-worker") as pipelines:
+    with two_runs_on(whole_cluster, settings, "spark-worker") as pipelines:
         assert process.kill(record), "spark-worker-1 was not running"
         # Reaped before the restart, so its web UI port is free for the new worker.
         assert process.wait_gone(record, timeout=10), "the killed worker is still there"
@@ -187,7 +161,7 @@ def test_kill_9_of_an_executor_under_two_runs_keeps_both_exact(
     standalone worker launches a new executor for the application that lost one, its Spark
     re-runs the lost tasks, the other run goes on untouched, the migration completes, and
     every (key, window) count of each run equals its ground truth with no stage restarted."""
-    with two_runs_sharing(whole_cluster, settings, "spark-executor") as pipelines:
+    with two_runs_on(whole_cluster, settings, "spark-executor") as pipelines:
         victims = executor_pids(settings, pipelines)
         assert len(victims) == 4, f"two executors per run expected, found {victims}"
         os.kill(victims[0], signal.SIGKILL)
