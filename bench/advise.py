@@ -19,6 +19,7 @@ from bench.experiment import ExperimentResult, method_markdown, or_dash, ratio_o
 from operators.advice import (
     DEFAULT_BATCH_MS,
     P99_FACTOR,
+    SOURCE_ORDER_SCHEMES,
     THROUGHPUT_TOLERANCE,
     Advice,
     Candidate,
@@ -67,6 +68,10 @@ the bound of that worker, while the best schemes run just below theirs, where th
 is the batch cycle plus a queue. It is also the pace ``skewer bench latency`` shows this
 machine's pipeline sustains.
 
+Then the loads record for record: every live scheme whose routing depends only on each
+source's records in order (``SOURCE_ORDER_SCHEMES``), at its best setting, runs live on the
+zipf stream's first ``--loads-records`` records; its per-worker loads must equal advise's.
+
 Last, ``advise``'s own wall time: ``--timed-records`` records of the zipf stream, every
 registered scheme and setting, from generating the sample to the ranking (target: 60 s).
 """
@@ -77,6 +82,8 @@ SOURCES = 2
 RATE = 14_000.0
 RECORDS = 300_000
 TIMED_RECORDS = 1_000_000
+#: Records of the zipf stream each source-order scheme runs live for the loads check.
+LOADS_RECORDS = 40_000
 TARGET_ADVISE_SECONDS = 60.0
 #: Schemes run live besides key grouping: the top of the ranking.
 TOP = 2
@@ -297,17 +304,43 @@ def time_advise(records: int, rate: float) -> dict[str, Any]:
     }
 
 
+def measure_loads(records: int, rate: float, settings: config.Settings, log: Log) -> list[Any]:
+    """Every live scheme whose routing depends only on each source's order, run live on the
+    zipf stream's first ``records`` at ``rate``: its per-worker loads against advise's."""
+    taken = workload_sample(parse(STREAMS["zipf"]), records, SOURCES, rate)
+    advice = advise(taken.sample, WORKERS, CPU_COST_US, rate, batch_ms=DEFAULT_BATCH_MS)
+    chosen = [
+        next(c for c in advice.ranking if c.scheme == scheme)
+        for scheme in sorted(SOURCE_ORDER_SCHEMES)
+    ]
+    log(f"loads: {len(chosen)} source-order schemes live on {records:,} zipf records")
+    stream = {**workload_stream(taken.origin, taken.read, SOURCES, rate), "window_ms": WINDOW_MS}
+    run_live(advice, chosen, stream, settings, say=log, progress=_throttled(log))
+    return [
+        {
+            "label": candidate.label,
+            "predicted": [int(load) for load in candidate.final_loads],
+            "live": (candidate.measured or {}).get("loads"),
+            "exact": (candidate.measured or {}).get("exact"),
+        }
+        for candidate in chosen
+    ]
+
+
 def run(
     records: int = RECORDS,
     rate: float = RATE,
     timed_records: int = TIMED_RECORDS,
     streams: Sequence[str] = tuple(STREAMS),
     log: Log = print,
+    loads_records: int = LOADS_RECORDS,
 ) -> ExperimentResult:
-    """Every stream of ``streams`` measured, then advise timed; the page and its data."""
+    """Every stream of ``streams`` measured, the source-order schemes' loads checked live
+    (none with ``loads_records`` 0), then advise timed; the page and its data."""
     settings = config.load()
     kafka_io.require_kafka(settings.kafka_bootstrap)
     measured = [measure_stream(name, records, rate, settings, log) for name in streams]
+    loads = measure_loads(loads_records, rate, settings, log) if loads_records else []
     log(f"timing advise on {timed_records:,} records")
     data = {
         "workers": WORKERS,
@@ -317,6 +350,8 @@ def run(
         "rate": rate,
         "records": records,
         "streams": measured,
+        "loads_records": loads_records,
+        "loads": loads,
         "advise_time": time_advise(timed_records, rate),
     }
     return ExperimentResult(
@@ -392,6 +427,19 @@ def body(data: dict[str, Any]) -> str:
             f"{table(stream)}\n\n"
             f"Ranking of the three agrees with live: {_verdict(agrees)}. "
             f"advise: {stream['recommendation']}."
+        )
+    if data["loads"]:
+        rows = [
+            f"| {run['label']} | {_verdict(run['predicted'] == run['live'])} | "
+            f"{' '.join(map(str, run['predicted']))} | {_verdict(run['exact'])} |"
+            for run in data["loads"]
+        ]
+        parts.append(
+            f"### Loads, record for record\n\nEvery live scheme whose routing depends only on "
+            f"each source's records in order, run live on the zipf stream's first "
+            f"{data['loads_records']:,} records: advise's per-worker loads against the live "
+            "run's.\n\n| setting | loads equal? | predicted loads | live run exact? |\n"
+            "|---|---|---|---|\n" + "\n".join(rows)
         )
     timed = data["advise_time"]
     parts.append(

@@ -123,6 +123,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="records of the timed advise run (1000000)",
     )
     advise.add_argument(
+        "--loads-records",
+        type=int,
+        default=40_000,
+        help="records each source-order scheme runs live for the loads check (40000; 0: none)",
+    )
+    advise.add_argument(
         "--only", nargs="+", choices=("zipf", "drift", "json"), help="these streams only"
     )
     advise.add_argument("--out", type=Path, help="output directory (default bench/results)")
@@ -357,6 +363,8 @@ def run_advise(args: argparse.Namespace) -> int:
     require_at_least(1, ("--records", args.records), ("--timed-records", args.timed_records))
     if not args.rate > 0:
         raise UsageError(f"--rate must be > 0, got {args.rate:g}")
+    if args.loads_records < 0:
+        raise UsageError(f"--loads-records must be >= 0, got {args.loads_records}")
     command = _command(
         args,
         "--records",
@@ -365,6 +373,8 @@ def run_advise(args: argparse.Namespace) -> int:
         f"{args.rate:g}",
         "--timed-records",
         str(args.timed_records),
+        "--loads-records",
+        str(args.loads_records),
     )
     began = time.perf_counter()
     try:
@@ -374,6 +384,7 @@ def run_advise(args: argparse.Namespace) -> int:
             timed_records=args.timed_records,
             streams=args.only or tuple(advise.STREAMS),
             log=_log,
+            loads_records=args.loads_records,
         )
     except (LiveRunError, SampleError) as error:
         print(f"skewer bench advise: error: {error}", file=sys.stderr)
