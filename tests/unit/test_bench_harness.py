@@ -179,3 +179,23 @@ def test_the_advise_page_shows_each_source_order_schemes_loads_check() -> None:
     assert "| potc | yes | 300 200 | yes |" in page
     assert "| pkg | **no** | 250 250 | yes |" in page
     assert "### Loads" not in advise.body({**data, "loads": []})
+    assert "### The routing-table schemes' balance" not in page
+    tables = [
+        {
+            "label": "mixed",
+            "max_avg_predicted": 1.02,
+            "max_avg_live": 1.05,
+            "max_avg_within": True,
+            "exact": True,
+        },
+        {
+            "label": "llfd",
+            "max_avg_predicted": 1.0,
+            "max_avg_live": None,
+            "max_avg_within": None,
+            "exact": None,
+        },
+    ]
+    page = advise.body({**data, "tables": tables})
+    assert "| mixed | 1.020 | 1.050 | 1.029 | yes | yes |" in page
+    assert "| llfd | 1.000 | - | - | - | - |" in page
