@@ -81,8 +81,8 @@ def start_worker_query(
 def report_hang(spark: Any, run_id: str) -> str:
     """What a worker query that did not finish was doing, for the failure's message: its
     status and last progress, with the driver JVM's threads, the test process's Python
-    threads and the Python workers' stacks written to a file beside the stage logs. The query
-    is then stopped, so that later tests in the same Spark application get its task slots."""
+    threads and the Python workers' stacks written to a file in the temporary folder. The
+    query is then stopped, so that later tests in the same Spark application get its slots."""
     lines: list[str] = []
     query = next((q for q in spark.streams.active if q.name == f"skewer-work-{run_id}"), None)
     if query is not None:
@@ -92,22 +92,24 @@ def report_hang(spark: Any, run_id: str) -> str:
             f"at {progress.get('timestamp')} ({progress.get('numInputRows')} rows)"
         )
     jvm_pid = int(spark.sparkContext._jvm.ProcessHandle.current().pid())
-    dump = [*lines, _command_output(["jcmd", str(jvm_pid), "Thread.print"])]
+    jvm_threads = _command_output(["jcmd", str(jvm_pid), "Thread.print"])
+    dump = [*lines, jvm_threads]
     workers = _command_output(["pgrep", "-f", "pyspark.daemon|pyspark/daemon|worker_task"])
+    py_spy = str(Path(sys.executable).with_name("py-spy"))
     for pid in workers.split():
-        dump.append(_command_output(["py-spy", "dump", "--pid", pid], py_spy=True))
+        dump.append(_command_output([py_spy, "dump", "--pid", pid]))
     with tempfile.NamedTemporaryFile("w+", suffix=".txt") as python_threads:
         faulthandler.dump_traceback(python_threads, all_threads=True)
         python_threads.seek(0)
         dump.append(python_threads.read())
     path = Path(tempfile.gettempdir()) / f"skewer-hang-{run_id}.txt"
     path.write_text("\n\n".join(dump))
-    stream = _thread_frames(dump[len(lines)], f'"stream execution thread for skewer-work-{run_id}')
+    stream = _thread_frames(jvm_threads, f'"stream execution thread for skewer-work-{run_id}')
     if stream:
         lines.append(f"its stream thread at {' < '.join(stream[0][:3])}")
     tasks = Counter(
         " < ".join(frames[:3])
-        for frames in _thread_frames(dump[len(lines)], '"Executor task launch worker')
+        for frames in _thread_frames(jvm_threads, '"Executor task launch worker')
     )
     lines.append(
         f"{sum(tasks.values())} running tasks at: "
@@ -136,9 +138,7 @@ def _thread_frames(thread_dump: str, name_prefix: str) -> list[list[str]]:
     return stacks
 
 
-def _command_output(argv: list[str], *, py_spy: bool = False) -> str:
-    if py_spy:
-        argv = [str(Path(sys.executable).with_name("py-spy")), *argv[1:]]
+def _command_output(argv: list[str]) -> str:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as error:

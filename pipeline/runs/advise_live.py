@@ -144,7 +144,6 @@ def run_live(
     it yields the run's stream (``stream`` updated) and what to start once the run's stages
     have (a writer of the topic). :class:`LiveRunError` names the setting whose run failed.
     """
-
     for i, candidate in enumerate(candidates, start=1):
         with contextlib.ExitStack() as run_stack:
             on_start = None

@@ -422,11 +422,11 @@ class Pipeline:
         final = kafka_io.last_timestamp(consumer, names.results_topic, 0, results_end)
         first = min((t for t in firsts if t is not None), default=None)
         if self.plan.input_topic is not None and first is not None:
+            topic = self.plan.input_topic
             written = [
-                kafka_io.first_timestamp(
-                    consumer, TopicPartition(self.plan.input_topic, p, OFFSET_BEGINNING)
-                )
-                for p in range(self.plan.sources)
+                kafka_io.first_timestamp(consumer, TopicPartition(topic, p, OFFSET_BEGINNING))
+                for p, end in enumerate(self._end_offsets(topic, self.plan.sources))
+                if end > 0
             ]
             first = max(first, min((t for t in written if t is not None), default=first))
         last_routed = max((t for t in routed if t is not None), default=None)
