@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.experiment import ExperimentResult, method_markdown, or_dash, ratio_or_dash
-from pipeline.runs.latency import STEADY_FROM, histogram_difference, reached_steady
+from operators.metrics import STEADY_FROM
+from pipeline.runs.latency import histogram_difference, reached_steady
 
 #: What the benchmark measures and how: the prose of bench/results/end_to_end.md.
 METHOD = """\
@@ -159,7 +160,7 @@ def traced_run(
 
 def row(summary: Any, trace: Trace | None = None) -> dict[str, Any]:
     """The figures of one scheme's run (``summary`` is a RunSummary)."""
-    from pipeline.io.state_store import latency_quantile
+    from operators.metrics import latency_quantile
 
     hottest = max(summary.per_worker)
     steady = trace.steady_rate(summary.records_processed) if trace else None

@@ -34,8 +34,9 @@ from bench.worker_stage import (
     work_values,
 )
 from operators.keys import KeyBatch
+from operators.metrics import latency_quantile
 from pipeline.io import config, kafka_io
-from pipeline.io.state_store import StateStore, latency_quantile
+from pipeline.io.state_store import StateStore
 from pipeline.stages import grouping, worker_job
 
 if TYPE_CHECKING:

@@ -20,7 +20,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 
 import numba
 import numpy as np
@@ -53,6 +54,68 @@ def load_figures(loads: Sequence[int]) -> tuple[float, float, float]:
         return 0.0, 0.0, 0.0
     value = float(imbalance(array))
     return value, value / total, float(max_avg_ratio(array))
+
+
+#: Latency histogram buckets per decade: bucket b > 0 holds (10^((b-1)/20), 10^(b/20)] ms, the
+#: live workers' histogram (pipeline/io/state_store.py) and the model's reading of it.
+BUCKETS_PER_DECADE = 20
+
+
+def latency_buckets(latency_ms: np.ndarray) -> np.ndarray:
+    """Histogram bucket of each latency: 0 for <= 1 ms, else ``ceil(20 log10(ms))``.
+
+    >>> latency_buckets(np.array([0.5, 1.0, 1.2, 10.0, 11.0])).tolist()
+    [0, 0, 2, 20, 21]
+    """
+    latency = np.maximum(np.asarray(latency_ms, dtype=np.float64), 1.0)
+    # The small epsilon keeps exact powers (10 ms -> 20) in their own bucket despite rounding.
+    return np.ceil(BUCKETS_PER_DECADE * np.log10(latency) - 1e-9).astype(np.int64)
+
+
+def bucket_upper_ms(bucket: int) -> float:
+    """Upper edge of a latency bucket, in milliseconds."""
+    return float(10.0 ** (bucket / BUCKETS_PER_DECADE))
+
+
+def latency_quantile(histogram: Mapping[int, int], q: float) -> float | None:
+    """The ``q`` quantile (0 < q <= 1) of a bucket histogram: the upper edge of the first
+    bucket whose cumulative count reaches ``q`` of the total (None when empty).
+
+    >>> latency_quantile({0: 50, 20: 49, 40: 1}, 0.99)
+    10.0
+    """
+    if not 0 < q <= 1:
+        raise ValueError("q must be in (0, 1]")
+    total = sum(histogram.values())
+    if total == 0:
+        return None
+    needed = math.ceil(q * total)
+    seen = 0
+    for bucket in sorted(histogram):
+        seen += histogram[bucket]
+        if seen >= needed:
+            return round(bucket_upper_ms(bucket), 3)
+    raise AssertionError("unreachable: the cumulative count reaches the total")
+
+
+#: A run's steady state begins once its workers applied this share of its records (start-up,
+#: the first batches and JIT warm-up behind): the live summary's cut and the model's.
+STEADY_FROM = 0.2
+
+
+def steady_rate(applied_ms: np.ndarray) -> float | None:
+    """Records/s applied from the steady cut to the last record: with the records' applied
+    times sorted, a_k the one at which :data:`STEADY_FROM` of them are applied, the records
+    after it over a_last − a_k (None if no time lies between).
+
+    >>> steady_rate(np.array([0.0, 1000.0, 2000.0, 3000.0, 4000.0]))
+    1.0
+    """
+    applied = np.sort(np.asarray(applied_ms, dtype=np.float64))
+    n = applied.shape[0]
+    cut = max(1, math.ceil(STEADY_FROM * n))
+    span_ms = float(applied[-1] - applied[cut - 1]) if n else 0.0
+    return (n - cut) * 1000.0 / span_ms if span_ms > 0 else None
 
 
 def checkpoint_positions(records: int, count: int) -> np.ndarray:

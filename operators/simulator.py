@@ -36,6 +36,17 @@ def _accepts(cls: type[Scheme], parameter: str) -> bool:
     return parameter in registry.parameters(cls)
 
 
+def source_round(every: int, n_sources: int) -> int:
+    """Records of one source between two of its statistics reports when a round comes every
+    ``every`` records of S sources: ``max(1, round(every / S))``, the live grouping stage's
+    (``--control-every``) and the model's.
+
+    >>> source_round(30_000, 2), source_round(5, 8)
+    (15000, 1)
+    """
+    return max(1, round(int(every) / int(n_sources)))
+
+
 class Router:
     """The S source objects of one scheme, routing one interleaved stream chunk by chunk.
 
@@ -52,8 +63,12 @@ class Router:
         seed: passed to every source object.
         worker_speeds: relative service rates, passed to schemes that take ``worker_speeds``.
         rebalance_interval: records between controller rounds of a TableScheme (None: never).
-        per_source: one object per source even for a ``global_estimation`` scheme, as the live
-            grouping stage runs every scheme; the default shares one (the papers' model).
+        per_source: as the live grouping stage runs a scheme: one object per source even for a
+            ``global_estimation`` scheme, and a TableScheme's rounds counted per source (each
+            source reports after every :func:`source_round` of its own records; a round is
+            planned and installed once every source reported it). The default shares one object
+            and holds a round every ``rebalance_interval`` records of the stream (the papers'
+            model).
     """
 
     def __init__(
@@ -102,6 +117,15 @@ class Router:
         self.migrations: list[dict[str, Any]] = []
         self.planning_seconds = 0.0
         self._hooks_ran_at = 0
+        #: Rounds counted per source (``per_source``): each source's records, and the reports
+        #: it made that wait for the others' of the same round.
+        self.source_round = (
+            source_round(self.rebalance_interval, self.n_sources)
+            if per_source and self.rebalance_interval
+            else None
+        )
+        self._source_records = np.zeros(self.n_sources, dtype=np.int64)
+        self._waiting: list[list[KeyStatistics]] = [[] for _ in range(self.n_sources)]
 
     @property
     def needs_whole_stream(self) -> bool:
@@ -145,6 +169,10 @@ class Router:
         interval is routed (so none happens after the stream's last record).
         """
         n = len(keys)
+        if self.source_round is not None:
+            if sources is None:
+                sources = (self.records + np.arange(n)) % self.n_sources
+            return self._route_counting_rounds(keys, self._checked_sources(sources, n))
         if sources is not None:
             sources = self._checked_sources(sources, n)
         out = np.empty(n, dtype=np.int32)
@@ -194,9 +222,39 @@ class Router:
         self.records += n
         return workers
 
-    def _rebalance(self) -> None:
+    def _route_counting_rounds(self, keys: KeyBatch, sources: np.ndarray) -> np.ndarray:
+        """``route`` with rounds counted per source: source s reports right after each of its
+        own records numbered a multiple of :attr:`source_round`; a round is planned once every
+        source has reported it, its table installed at once."""
+        every = int(self.source_round)  # type: ignore[arg-type]
+        reports: list[tuple[int, int]] = []  # (position the report follows, source)
+        for s in range(self.n_sources):
+            index = np.flatnonzero(sources == s)
+            numbers = self._source_records[s] + 1 + np.arange(index.shape[0])
+            reports.extend((int(p) + 1, s) for p in index[numbers % every == 0].tolist())
+            self._source_records[s] += index.shape[0]
+        reports.sort()
+        out = np.empty(len(keys), dtype=np.int32)
+        start = 0
+        for position, s in reports:
+            if position > start:
+                out[start:position] = self._route_segment(
+                    keys.slice(start, position), sources[start:position]
+                )
+                start = position
+            self._waiting[s].append(self.objects[s].statistics(reset=True))  # type: ignore[attr-defined]
+            if all(self._waiting):
+                self._rebalance([waiting.pop(0) for waiting in self._waiting])
+        if start < len(keys):
+            out[start:] = self._route_segment(keys.slice(start, len(keys)), sources[start:])
+        return out
+
+    def _rebalance(self, reports: list[KeyStatistics] | None = None) -> None:
+        """One controller round on ``reports`` (default: every source's statistics now)."""
         objects: list[TableScheme] = self.objects  # type: ignore[assignment]
-        merged = KeyStatistics.merge([obj.statistics(reset=True) for obj in objects])
+        if reports is None:
+            reports = [obj.statistics(reset=True) for obj in objects]
+        merged = KeyStatistics.merge(reports)
         began = time.perf_counter()
         plan = objects[0].plan(merged)
         self.planning_seconds += time.perf_counter() - began

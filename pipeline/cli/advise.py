@@ -36,7 +36,7 @@ from pipeline.cli.arguments import (
 )
 
 if TYPE_CHECKING:
-    from operators.advice import Advice, Candidate, Check
+    from operators.advice import Advice, Candidate, Check, Sample
     from pipeline.runs.advise import StreamSample
 
 #: C: µs of CPU per record at a worker (a small Python aggregation; docs/advise.md).
@@ -239,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--picture: {error}") from None
     validated = live_candidates(advice.ranking, validate)
     if validated:
-        failed = _run_live(advice, validated, stream, progress)
+        failed = _run_live(advice, validated, sample, stream, progress)
         if failed:
             print(f"skewer advise: error: {failed}", file=sys.stderr)
             return 1
@@ -251,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
         if validated:
             print(live_table(advice, validated, stream))
     sys.stdout.flush()
-    outside = any(check.within is False for c in validated for check in _checks(c))
+    outside = any(check.within is False for c in validated for check in c.checks())
     return 1 if args.check and outside else 0
 
 
@@ -273,7 +273,11 @@ def _live_stream(args: argparse.Namespace, taken: StreamSample, rate: float) -> 
 
 
 def _run_live(
-    advice: Advice, validated: list[Candidate], stream: dict[str, Any], progress: Progress
+    advice: Advice,
+    validated: list[Candidate],
+    sample: Sample,
+    stream: dict[str, Any],
+    progress: Progress,
 ) -> str | None:
     """Run ``validated`` live (filling each one's ``measured``); a failure's one line, or None."""
     from pipeline.io import config
@@ -290,6 +294,7 @@ def _run_live(
         run_live(
             advice,
             validated,
+            sample,
             stream,
             settings,
             say=lambda line: progress.say(line, final=True),
@@ -302,16 +307,8 @@ def _run_live(
     return None
 
 
-def _checks(candidate: Candidate) -> list[Check]:
-    from operators.advice import compare
-
-    if candidate.measured is None:
-        return []
-    return compare(candidate.scheme, candidate.figures(), candidate.measured)
-
-
 def _live_summary(candidate: Candidate) -> dict[str, Any]:
-    checks = _checks(candidate)
+    checks = candidate.checks()
     return {
         "label": candidate.label,
         "measured": candidate.measured,
@@ -461,7 +458,7 @@ def live_table(advice: Advice, validated: list[Candidate], stream: dict[str, Any
     )
     rows = [header]
     for c in validated:
-        loads, max_avg, rate, p50, p99 = _checks(c)
+        loads, max_avg, rate, p50, p99 = c.checks()
         cells = [c.label, _loads_cell(loads) + ("#" if loads.within is False else "")]
         for check, shown in ((max_avg, True), (rate, True), (p50, False), (p99, True)):
             mark = "#" if check.within is False else ""
@@ -471,7 +468,7 @@ def live_table(advice: Advice, validated: list[Candidate], stream: dict[str, Any
         rows.append(tuple(cells))
     lines.extend(aligned(rows, text_column=0))
     lines.append(
-        "ratio = live / predicted; rate/s predicted = min(offered live, bound); p50/p99 live = "
+        "ratio = live / predicted; rate/s = steady rate (after 20 % applied); p50/p99 live = "
         "steady state; - not compared; # outside tolerance (docs/advise.md)"
     )
     return "\n".join(lines)

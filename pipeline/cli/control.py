@@ -3,7 +3,8 @@ minmig, mixed).
 
 Layer: cli.
 
-Every `--interval` seconds it collects the grouping sources' key statistics, measures the
+Every `--interval` seconds (or, with `--every N`, every N records the grouping stage, run with
+`--control-every N`, routes) it collects the grouping sources' key statistics, measures the
 imbalance against the scheme's tolerance and, when exceeded, plans a new routing table with the
 simulator's code, publishes it with a version number and migrates the moved keys' window state
 between workers in Redis, exactly once (see pipeline/stages/control_plane.py). For a scheme
@@ -43,6 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--interval", type=float, default=5.0, metavar="SECONDS", help="seconds per round (5)"
     )
     parser.add_argument(
+        "--every",
+        type=int,
+        metavar="N",
+        help="rounds every N records instead of every --interval: each source reports after "
+        "every N/S of its records (skewer group --control-every N)",
+    )
+    parser.add_argument(
         "--report-wait",
         type=float,
         default=1.0,
@@ -71,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     if not scheme:
         raise UsageError(f"no scheme: pass --scheme or set {config.SCHEME_VARIABLE}")
     require_at_least(1, ("--workers", args.workers), ("--sources", args.sources))
+    if args.every is not None:
+        require_at_least(1, ("--every", args.every))
     for name, value in (("--interval", args.interval), ("--report-wait", args.report_wait)):
         if not value > 0:
             raise UsageError(f"{name} must be > 0, got {value}")
@@ -82,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
         run_id=args.run_id,
         redis_url=settings.redis_url,
         interval=args.interval,
+        every=args.every,
         report_wait=args.report_wait,
         params=parse_params(args.param),
         until_end=args.until_end,

@@ -58,6 +58,7 @@ PLAN_FLAGS = (
     "top_k",
     "topic_prefix",
     "control_interval",
+    "control_every",
 )
 
 
@@ -102,6 +103,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=2.0,
         metavar="SECONDS",
         help="routing-table schemes: seconds between the controller's rounds (2)",
+    )
+    parser.add_argument(
+        "--control-every",
+        type=int,
+        metavar="N",
+        help="routing-table schemes: a round every N records routed instead, each source "
+        "reporting after every N/S of its own (the simulator's rounds)",
     )
     add_input_topic_arguments(parser)
     parser.add_argument("--verify", action="store_true", help="exit 1 unless counts are exact")

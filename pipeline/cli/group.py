@@ -60,6 +60,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--batch-size", type=int, default=20_000, help="records per transaction")
     add_param_argument(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the scheme objects")
+    parser.add_argument(
+        "--control-every",
+        type=int,
+        metavar="N",
+        help="routing-table schemes: rounds every N records of all sources, each source "
+        "reporting after every N/S of its own (as skewer control --every N); default: when "
+        "the controller opens a round",
+    )
     add_window_argument(parser)
     parser.add_argument(
         "--lateness-ms", type=int, default=0, help="the aggregator's allowed lateness (0)"
@@ -93,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
                 raise UsageError(f"--input-topic {user_topic.topic}: no such topic")
             args.sources = partitions
     require_at_least(1, ("--sources", args.sources), ("--batch-size", args.batch_size))
+    if args.control_every is not None:
+        require_at_least(1, ("--control-every", args.control_every))
     if args.ending_offsets is not None:
         user_topic = with_ending_offsets(user_topic, args.ending_offsets, args.sources)
     sources = sorted(set(args.source)) if args.source else list(range(args.sources))
@@ -108,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         params=parse_params(args.param),
         seed=args.seed,
         batch_size=args.batch_size,
+        control_every=args.control_every,
         until_end=args.until_end,
         input=user_topic,
         replication=settings.kafka_replication,

@@ -220,6 +220,11 @@ class ControlPlane:
     def open_round(self) -> int:
         return int(self.client.hincrby(self.keys.ctl_current, "round", 1))
 
+    def close_counted_round(self, round_: int) -> None:
+        """Keep ``round_`` as the last round closed when the sources open rounds (counted in
+        records): a restarted controller goes on from the next."""
+        self.client.hset(self.keys.ctl_current, "round", round_)
+
     def reports(self, round_: int, n_sources: int) -> list[StatisticsReport]:
         pipe = self.client.pipeline()
         for source in range(n_sources):

@@ -11,19 +11,13 @@ counts exact: docs/design.md#applying-a-micro-batch and docs/design.md#closing-a
 keys and scripts: :mod:`pipeline.io.redis_layout` and docs/design.md#redis-layout.
 
 Latency: each applied DATA record adds one to a log-spaced bucket of its end-to-end latency,
-20 buckets per decade (:func:`latency_buckets`), so p50/p99 come from idempotent counters.
-
-Example:
-    >>> latency_buckets(np.array([0.5, 1.0, 1.2, 10.0, 11.0])).tolist()
-    [0, 0, 2, 20, 21]
-    >>> latency_quantile({0: 50, 20: 49, 40: 1}, 0.99)
-    10.0
+20 buckets per decade (:func:`operators.metrics.latency_buckets`), so p50/p99 come from
+idempotent counters.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -38,8 +32,6 @@ from pipeline.io.redis_layout import ADD_ONCE_SCRIPT, APPLY_SCRIPT, FINALIZE_SCR
 if TYPE_CHECKING:
     import redis as redis_module
 
-#: Latency histogram buckets per decade: bucket b > 0 holds (10^((b-1)/20), 10^(b/20)] ms.
-BUCKETS_PER_DECADE = 20
 #: How long an apply waits for a replica's acknowledgement (``WAIT``) behind Sentinel: longer
 #: than Sentinel takes to re-point the other replica at a promoted primary (~1-2 s), so the
 #: first apply after a failover does not fail for a replica that is merely re-attaching.
@@ -49,35 +41,6 @@ REPLICA_WAIT_MS = 10_000
 class NotReplicatedError(Exception):
     """No replica acknowledged an apply within :data:`REPLICA_WAIT_MS`: the task fails, and
     Spark's retry (the apply is idempotent per worker and batch) waits again."""
-
-
-def latency_buckets(latency_ms: np.ndarray) -> np.ndarray:
-    """Histogram bucket of each latency: 0 for <= 1 ms, else ``ceil(20 log10(ms))``."""
-    latency = np.maximum(np.asarray(latency_ms, dtype=np.float64), 1.0)
-    # The small epsilon keeps exact powers (10 ms -> 20) in their own bucket despite rounding.
-    return np.ceil(BUCKETS_PER_DECADE * np.log10(latency) - 1e-9).astype(np.int64)
-
-
-def bucket_upper_ms(bucket: int) -> float:
-    """Upper edge of a latency bucket, in milliseconds."""
-    return float(10.0 ** (bucket / BUCKETS_PER_DECADE))
-
-
-def latency_quantile(histogram: Mapping[int, int], q: float) -> float | None:
-    """The ``q`` quantile (0 < q <= 1) of a bucket histogram: the upper edge of the first
-    bucket whose cumulative count reaches ``q`` of the total (None when empty)."""
-    if not 0 < q <= 1:
-        raise ValueError("q must be in (0, 1]")
-    total = sum(histogram.values())
-    if total == 0:
-        return None
-    needed = math.ceil(q * total)
-    seen = 0
-    for bucket in sorted(histogram):
-        seen += histogram[bucket]
-        if seen >= needed:
-            return round(bucket_upper_ms(bucket), 3)
-    raise AssertionError("unreachable: the cumulative count reaches the total")
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from operators.metrics import load_figures
+from operators.metrics import BUCKETS_PER_DECADE, bucket_upper_ms, load_figures
 from pipeline.io.redis_layout import RunKeys
-from pipeline.io.state_store import BUCKETS_PER_DECADE, bucket_upper_ms
 from pipeline.observe.series import RunLabels, ScrapeErrors, metric_family
 
 if TYPE_CHECKING:

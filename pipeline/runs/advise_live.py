@@ -1,7 +1,7 @@
 """`skewer advise --validate`: chosen settings run live, the demo's way, on the sampled stream.
 
 Layer: runs. Each setting becomes a :class:`~pipeline.runs.plan.RunPlan` (same W and C; a
-table scheme's round of ``every`` records becomes a controller interval of every / R seconds)
+table scheme's round of ``every`` records is the live run's ``--control-every``)
 run whole by :func:`~pipeline.runs.orchestrator.run_pipeline`, one after another; its summary
 fills the candidate's ``measured`` under the names of :meth:`operators.advice.Candidate.figures`.
 The stream: a user's topic read whole (the grouping stage reads to the end offsets it finds at
@@ -15,7 +15,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from operators.advice import Advice, Candidate
+from operators.advice import Advice, Candidate, Sample, figures_at
 from pipeline.io import config, kafka_io
 from pipeline.runs.latency import Snapshot, steady_cut
 from pipeline.runs.plan import RunPlan, plan_run
@@ -80,7 +80,6 @@ def setting_plan(
     settings: config.Settings, candidate: Candidate, advice: Advice, stream: dict[str, Any]
 ) -> RunPlan:
     """The live run of one setting; :class:`LiveRunError` if the plan is refused."""
-    interval = candidate.rebalance_interval
     try:
         return plan_run(
             settings,
@@ -89,7 +88,7 @@ def setting_plan(
             workers=advice.n_workers,
             cpu_cost_us=advice.cpu_cost_us,
             params=tuple(f"{name}={value}" for name, value in candidate.params.items()),
-            control_interval=interval / advice.rate if interval is not None else None,
+            control_every=candidate.rebalance_interval,
             **stream,
         )
     except ValueError as error:
@@ -109,11 +108,12 @@ def steady_rate(
 
 
 def measured(summary: RunSummary, rate: float | None) -> dict[str, Any]:
-    """A live run's figures under :meth:`Candidate.figures`' names: ``throughput_bound`` is the
-    live steady rate the bound is checked against; state is counted per window live, so it is
+    """A live run's figures under :meth:`Candidate.figures`' names: ``steady_rate`` is
+    :func:`steady_rate`'s (no bound is measured); state is counted per window live, so it is
     not measured here. ``offered_rate``: records/s the run was offered."""
     return {
-        "throughput_bound": rate,
+        "throughput_bound": None,
+        "steady_rate": rate,
         "max_avg_final": summary.max_avg_ratio,
         "p50_ms": summary.latency_steady_p50_ms,
         "p99_ms": summary.latency_steady_p99_ms,
@@ -130,6 +130,7 @@ def measured(summary: RunSummary, rate: float | None) -> dict[str, Any]:
 def run_live(
     advice: Advice,
     candidates: Sequence[Candidate],
+    sample: Sample,
     stream: dict[str, Any],
     settings: config.Settings,
     *,
@@ -137,7 +138,8 @@ def run_live(
     progress: Log,
     feed: Feed | None = None,
 ) -> None:
-    """Run each of ``candidates`` live, one after another, and fill its ``measured``.
+    """Run each of ``candidates`` live, one after another, and fill its ``measured`` and its
+    ``predicted``: the model's figures on ``sample`` at the rate the run was offered.
 
     ``say`` gets a line per run, ``progress`` the run's progress lines. A topic must still hold
     what was sampled before each run, unless ``feed`` gives each run its own: entered per run,
@@ -156,7 +158,11 @@ def run_live(
                     whole_topic(settings.kafka_bootstrap, stream["input_topic"], stream["records"])
             plan = setting_plan(settings, candidate, advice, run_stream)
             say(f"live run {i}/{len(candidates)}: {candidate.label} (run {plan.run_id})")
-            candidate.measured = _run_one(plan, settings, candidate.label, progress, on_start)
+            live = _run_one(plan, settings, candidate.label, progress, on_start)
+            offered = live.get("offered_rate")
+            candidate.measured = live
+            if offered:
+                candidate.predicted = figures_at(advice, sample, candidate, offered)
 
 
 def _run_one(

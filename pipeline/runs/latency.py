@@ -9,8 +9,9 @@ applied DATA record adds one to a bucket). :class:`LatencySampler` snapshots the
 summed over the workers about once a second while a run goes, and polls the workers'
 processed counters every 0.1 s for the first and the last record applied. From the snapshots,
 :func:`steady_cut` finds where the steady state begins (the first snapshot after
-:data:`STEADY_FROM` of the run's records were applied: the definition of ``skewer bench e2e``
-too) and :func:`latency_windows` splits the run into windows of wall time: arithmetic only.
+:data:`~operators.metrics.STEADY_FROM` of the run's records were applied: the definition of
+``skewer bench e2e`` and of advise's model too) and :func:`latency_windows` splits the run
+into windows of wall time: arithmetic only.
 
     >>> histogram_difference({10: 5, 20: 9, 30: 2}, {10: 5, 20: 1})
     {20: 8, 30: 2}
@@ -26,14 +27,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pipeline.io.state_store import latency_quantile
+from operators.metrics import STEADY_FROM, latency_quantile
 
 if TYPE_CHECKING:
     from pipeline.io.state_store import StateStore
 
-#: The steady state of a run begins once the workers applied this share of its records
-#: (start-up, the Python workers' first batches and JIT warm-up behind).
-STEADY_FROM = 0.2
 #: Seconds of wall time per latency window.
 WINDOW_SECONDS = 5.0
 #: Seconds between two histogram snapshots, and between two polls of the processed counters.

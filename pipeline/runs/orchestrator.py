@@ -437,8 +437,8 @@ class Pipeline:
         self, verification: RunVerification | RecountVerification | None = None
     ) -> RunSummary:
         """The run's figures (call after the stages finished)."""
+        from operators.metrics import latency_quantile
         from pipeline.io.control_store import ControlPlane
-        from pipeline.io.state_store import latency_quantile
 
         plan, store = self.plan, self.store
         verification = verification or self.verify()

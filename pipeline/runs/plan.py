@@ -60,6 +60,9 @@ class RunPlan:
     max_records_per_batch: int | None = None
     #: Seconds between the controller's statistics rounds (routing-table schemes).
     control_interval: float = 2.0
+    #: Rounds every this many records of all sources instead (``--control-every``): each
+    #: source reports after every N/S of its own, as the simulator's per-source rounds.
+    control_every: int | None = None
     #: The scheme's parameters as ``NAME=VALUE`` (``--param``), for the grouping stage and the
     #: controller alike.
     params: tuple[str, ...] = ()
@@ -148,6 +151,8 @@ class RunPlan:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if not self.control_interval > 0:
             raise ValueError(f"--control-interval must be > 0, got {self.control_interval}")
+        if self.control_every is not None and self.control_every < 1:
+            raise ValueError(f"--control-every must be >= 1, got {self.control_every}")
         if self.cpu_cost_us < 0:
             raise ValueError(f"--cpu-cost-us must be >= 0, got {self.cpu_cost_us}")
         if self.rate is not None and not self.rate > 0:
@@ -204,6 +209,8 @@ class RunPlan:
         params = [word for item in self.params for word in ("--param", item)]
         if stage == "group":
             out = ["group", "--scheme", self.scheme, *workers, "--sources", str(self.sources)]
+            if self.control_every is not None:
+                out += ["--control-every", str(self.control_every)]
             if self.input_topic is not None:
                 out += ["--input-topic", self.input_topic, "--key", self.key]
                 out += ["--time", self.time, *window, "--lateness-ms", str(self.lateness_ms)]
@@ -227,6 +234,8 @@ class RunPlan:
         if stage == "control":
             out = ["control", "--scheme", self.scheme, *workers, "--sources", str(self.sources)]
             out += ["--interval", _number(self.control_interval), *params]
+            if self.control_every is not None:
+                out += ["--every", str(self.control_every)]
             return [*out, *run, "--until-end", "--json"]
         if stage == "aggregate":
             out = ["aggregate", *workers, *window, "--lateness-ms", str(self.lateness_ms)]

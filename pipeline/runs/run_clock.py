@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.io.state_store import latency_quantile
+from operators.metrics import latency_quantile
 from pipeline.runs.latency import LatencySampler, latency_windows, steady_histogram
 
 #: The events of a run, in the order a run meets them (a run on a user's topic has no producers).

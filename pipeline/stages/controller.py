@@ -2,11 +2,13 @@
 
 Layer: stages.
 
-Each interval the controller opens a statistics round, waits for every source's report (or
-``report_wait`` seconds), merges them and measures the imbalance with the scheme's own measure
-against its own tolerance (:meth:`~operators.base.TableScheme.within_tolerance`). Beyond it, it
-calls the scheme's pure ``plan`` -- the code the simulator runs -- and publishes the new table
-with its migration in one MULTI; between intervals it drives the running migration (MIGRATE
+Each interval the controller opens a statistics round (or, with ``every``, the sources open it:
+each reports after every :func:`~operators.simulator.source_round` of its records), waits for
+every source's report (or ``report_wait`` seconds), merges them and measures the imbalance with
+the scheme's own measure against its own tolerance
+(:meth:`~operators.base.TableScheme.within_tolerance`). Beyond it, it calls the scheme's pure
+``plan`` -- the code the simulator runs -- and publishes the new table with its migration in
+one MULTI; between intervals it drives the running migration (MIGRATE
 per drained old worker, then COMPLETE: :mod:`pipeline.io.control_store`). Outcomes of an
 interval (``ctl:intervals``, ``skewer_controller_intervals_total{outcome}``): ``balanced``,
 ``rebalanced``, ``infeasible``, ``migrating``, ``no-statistics``. After a crash it reads
@@ -55,6 +57,9 @@ class ControllerOptions:
     redis_url: str
     #: Seconds between two statistics rounds.
     interval: float = 5.0
+    #: Rounds counted in records instead (the grouping stage's ``control_every``): round r
+    #: closes once every source reported it, or ``report_wait`` after its first report.
+    every: int | None = None
     #: Seconds a round waits for the last source's report before it is planned without it.
     report_wait: float = 1.0
     #: Seconds between two looks at a running migration.
@@ -131,6 +136,8 @@ class Controller:
         self._round: int | None = None
         self._round_opened = 0.0
         self._next_round = 0.0
+        #: When the first report of the counted round came (None: none yet).
+        self._first_report: float | None = None
 
     def start(self) -> None:
         """Adopt the control plane's state: the table in force, a running migration."""
@@ -140,6 +147,8 @@ class Controller:
         self.names = dict(zip(published.table.key_ids.tolist(), published.names, strict=True))
         self.migrating = current.migrating
         self._next_round = self.clock() + self.options.interval
+        if self.options.every:
+            self._round = current.round + 1
         self._observe_table(published)
 
     # -- the loop ------------------------------------------------------------------------------
@@ -165,6 +174,9 @@ class Controller:
     def step(self) -> None:
         if self.migrating is not None:
             self.drive_migration()
+        if self.options.every:
+            self._step_counted()
+            return
         now = self.clock()
         if self._round is None:
             if now >= self._next_round:
@@ -178,6 +190,27 @@ class Controller:
         ):
             return
         round_, self._round = self._round, None
+        self.close_round(round_, reports)
+
+    def _step_counted(self) -> None:
+        """Close round r, which the sources open by reporting, once all have reported it or
+        ``report_wait`` after the first; skip it when reports of r + 1 come and none of r (a
+        source restarted past it)."""
+        round_ = self._round
+        assert round_ is not None
+        reports = self.plane.reports(round_, self.options.sources)
+        now = self.clock()
+        if not reports:
+            if self.plane.reports(round_ + 1, self.options.sources):
+                self._round, self._first_report = round_ + 1, None
+            return
+        if self._first_report is None:
+            self._first_report = now
+        waited = now - self._first_report
+        if len(reports) < self.options.sources and waited < self.options.report_wait:
+            return
+        self._round, self._first_report = round_ + 1, None
+        self.plane.close_counted_round(round_)
         self.close_round(round_, reports)
 
     # -- one interval --------------------------------------------------------------------------

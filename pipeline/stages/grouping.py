@@ -29,6 +29,7 @@ import numpy as np
 from operators import registry
 from operators.base import Scheme, SchemeError, TableScheme
 from operators.keys import KeyBatch
+from operators.simulator import source_round
 from pipeline.io import kafka_io, records
 from pipeline.io.control_store import ControlPlane, now_ms
 from pipeline.io.dead_letters import REASONS
@@ -107,6 +108,10 @@ class StageConfig:
     #: Seconds between two looks at the control plane (routing-table schemes only).
     control_poll: float = 0.1
     report_keys: int = control_plane.DEFAULT_REPORT_KEYS
+    #: Routing-table rounds every this many records of all sources: each source reports after
+    #: every :func:`~operators.simulator.source_round` of its own (None: when the controller
+    #: opens a round).
+    control_every: int | None = None
     #: A user's own topic to read instead of ``keys`` (:mod:`pipeline.stages.user_topic`).
     input: UserTopic | None = None
     #: Replicas of the run's topics (None: min(3, brokers); kafka_io.topic_replication).
@@ -196,6 +201,11 @@ class GroupingSource:
                 self.source,
                 config.control_poll,
                 config.report_keys,
+                report_every=(
+                    source_round(config.control_every, config.n_sources)
+                    if config.control_every
+                    else None
+                ),
             )
             if isinstance(self.scheme, TableScheme)
             else None
@@ -211,7 +221,9 @@ class GroupingSource:
         self.watermark, self.table_version = parse_offset_metadata(committed, self.watermark)
         self.input.start(self.checkpoint.consumer, self.watermark)
         if self.tables is not None:
-            self.tables.start(self.table_version)
+            # Counted rounds go on from the records this source's committed batches routed.
+            routed = self.checkpoint.store.source_counts(self.source).get("data", 0)
+            self.tables.start(self.table_version, routed)
         self.checkpoint.resume(now_ms())
         self._announce()
 
@@ -265,10 +277,11 @@ class GroupingSource:
         """Decode and route ``messages``, with the markers they call for; updates
         ``watermark`` (a copy) and the scheme."""
         decoded = self.input.decode(messages, watermark)
-        partitions = np.asarray(self.scheme.route(decoded.keys), dtype=np.int32)
+        if self.tables is not None:
+            partitions = self.tables.route(decoded.keys)
+        else:
+            partitions = np.asarray(self.scheme.route(decoded.keys), dtype=np.int32)
         version = self.scheme.table.version if isinstance(self.scheme, TableScheme) else 0
-        if self.tables is not None and len(decoded.keys):
-            self.tables.remember(decoded.keys)
         reasons = decoded.reasons
         output = BatchOutput(
             decoded.kafka_keys,

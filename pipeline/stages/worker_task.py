@@ -35,10 +35,11 @@ import numpy as np
 import pyarrow as pa
 
 from operators.keys import KeyBatch
+from operators.metrics import latency_buckets
 from operators.windows import count_per_window_key
 from pipeline.io import records
 from pipeline.io.extractors import Extractor
-from pipeline.io.state_store import StateStore, WorkerBatch, latency_buckets
+from pipeline.io.state_store import StateStore, WorkerBatch
 from pipeline.stages import user_topic
 
 

@@ -2,15 +2,14 @@
 
 A drifting workload -- the fluctuation of Fang et al., "Parallel Stream Processing Against
 Workload Skewness and Variance" (2017): the hot keys change four times -- under ``mixed``
-(seeds/000) and ``readj`` (seeds/004), with the controller (``skewer control``) as a subprocess
-next to the other stages; the two runs share one Spark application (the ``spark`` fixture), as
-test_end_to_end.py's exactness runs do. While a run goes, a watcher snapshots the window state
-every 50 ms, and whenever no migration runs it requires every key's state of every open window
-to live on one worker; after the run every final count must equal the ground truth (both are
-docs/design.md#exactness-invariants). The controller is also killed with SIGKILL in the middle
-of a migration and restarted. Finally the acceptance command itself,
-``skewer demo --scheme mixed --workload <drifting> --verify``.
-"""
+(seeds/000) and ``readj`` (seeds/004, its rounds counted in records: ``--control-every``), with
+the controller (``skewer control``) as a subprocess next to the other stages; the two runs share
+one Spark application (the ``spark`` fixture), as test_end_to_end.py's exactness runs do. While
+a run goes, a watcher snapshots the window state every 50 ms, and whenever no migration runs it
+requires every key's state of every open window to live on one worker; after the run every final
+count must equal the ground truth (both are docs/design.md#exactness-invariants). The controller
+is also killed with SIGKILL in the middle of a migration and restarted. Finally the acceptance
+command itself, ``skewer demo --scheme mixed --workload <drifting> --verify``."""
 
 from __future__ import annotations
 
@@ -45,6 +44,8 @@ RATE = 3_000
 WORKERS = 8
 SOURCES = 2
 INTERVAL = 2.0
+#: readj's rounds, counted in records: as many as INTERVAL's at RATE.
+EVERY = int(RATE * INTERVAL)
 
 
 class StateWatcher(threading.Thread):
@@ -106,6 +107,7 @@ def plan_of(scheme: str, tag: str) -> RunPlan:
         workload=DRIFT,
         rate=RATE,
         control_interval=INTERVAL,
+        control_every=EVERY if scheme == "readj" else None,
         run_id=f"mig-{tag}-{new_run_id()[5:]}",
     )
 
@@ -174,6 +176,18 @@ def migration_runs(settings: config.Settings, spark: Any) -> dict[str, Outcome]:
                 f"{record['imbalance_planned']:.3f} (feasible {record['feasible']})"
             )
     return {outcome.plan.scheme: outcome for outcome in outcomes}
+
+
+def test_rounds_counted_in_records_cut_each_sources_statistics_at_its_share(
+    migration_runs: dict[str, Outcome],
+) -> None:
+    """readj's rounds come every EVERY records: each source reports right after every
+    EVERY / 2 of its records, so a round both sources reported holds exactly EVERY."""
+    intervals = migration_runs["readj"].intervals
+    assert [i["round"] for i in intervals] == list(range(1, len(intervals) + 1))
+    both = [i for i in intervals if i["sources"] == [0, 1]]
+    assert len(both) >= RECORDS // EVERY - 1, intervals
+    assert {i["records"] for i in both} == {EVERY}
 
 
 @pytest.mark.parametrize("scheme", ["mixed", "readj"])

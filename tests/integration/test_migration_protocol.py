@@ -238,3 +238,60 @@ def test_a_feasible_readj_table_keeps_max_over_min_within_alpha(redis, plane, ru
     assert loads.max() / loads.min() <= alpha
     (record,) = [i for i in plane.intervals() if i["outcome"] == "rebalanced"]
     assert record["planned_imbalance"] == pytest.approx(loads.max() / loads.min())
+
+
+def test_counted_rounds_cut_each_sources_statistics_at_its_share_and_close_in_order(
+    redis, plane, run_id
+) -> None:
+    """Rounds every 20 records of S = 2 sources: each source reports right after every 10th
+    record it routes, in the middle of a batch if need be; the controller closes round r once
+    both reported it (or ``report_wait`` after the first), and a restarted one goes on."""
+    from pipeline.stages.table_follower import TableFollower
+
+    now = [0.0]
+    options = ControllerOptions(
+        scheme="mixed", workers=W, sources=S, run_id=run_id, redis_url="", every=20,
+        report_wait=5.0,
+    )  # fmt: skip
+    controller = Controller(options, redis, clock=lambda: now[0])
+    controller.start()
+    followers = []
+    for source in range(S):
+        scheme = registry.create("mixed", W, source=source, n_sources=S)
+        follower = TableFollower(plane, scheme, source, 0.1, 100, report_every=10)
+        follower.start(0)
+        followers.append(follower)
+    keys = KeyBatch.from_bytes([f"k{i}".encode() for i in range(25)])
+    assert followers[0].route(keys).shape == (25,)  # reports rounds 1 and 2, mid-batch
+    assert [len(plane.reports(r, S)) for r in (1, 2, 3)] == [1, 1, 0]
+    assert plane.reports(1, S)[0].statistics().records == 10
+    controller.step()
+    assert plane.intervals() == []  # round 1 waits for source 1
+    followers[1].route(keys.slice(0, 9))
+    controller.step()
+    assert plane.intervals() == []
+    followers[1].route(keys.slice(9, 10))
+    controller.step()
+    (first,) = plane.intervals()
+    assert (first["round"], first["sources"], first["records"]) == (1, [0, 1], 20)
+    # Round 2: source 1 is late; report_wait after source 0's report it closes without it.
+    controller.step()
+    now[0] += 4.9
+    controller.step()
+    assert len(plane.intervals()) == 1
+    now[0] += 0.2
+    controller.step()
+    assert [(i["round"], i["sources"]) for i in plane.intervals()] == [(1, [0, 1]), (2, [0])]
+    # A restarted controller waits for round 3, and skips a round nobody reported once the
+    # next one has reports (a source restarted past it).
+    again = Controller(options, redis, clock=lambda: now[0])
+    again.start()
+    followers[1].route(keys.slice(0, 20))  # source 1: its reports of rounds 2 and 3
+    followers[0].routed = 40  # source 0 restarted past round 3: its next report is round 5
+    followers[0].route(keys.slice(0, 10))
+    for _ in range(3):
+        again.step()
+    now[0] += 5.1
+    again.step()
+    rounds = [(i["round"], i["sources"]) for i in plane.intervals()]
+    assert rounds == [(1, [0, 1]), (2, [0]), (3, [1])]

@@ -121,6 +121,7 @@ def test_without_a_cpu_cost_only_the_batch_cycle_waits_and_there_is_no_bound() -
     advice = advise(uniform(["a"] * 50), 4, 0.0, 100.0, schemes=["key"], batch_ms=0.0)
     key = advice.candidate("key")
     assert (key.p50_ms, key.p99_ms, key.throughput_bound) == (0.0, 0.0, None)
+    assert (key.p50_read_ms, key.p99_read_ms) == (0.0, 0.0)
     assert any("C = 0" in note for note in advice.notes)
     # 50 records 10 ms apart (at 100/s) in 250 ms batches: the first waits D, the rest
     # (s_k + D) - t for s_k the first multiple of 250 at or after t.
@@ -142,6 +143,10 @@ def test_latency_uses_the_sample_times_rescaled_to_the_offered_rate() -> None:
     assert key.p99_ms == pytest.approx(float(np.percentile(latencies, 99)))
     assert key.p50_ms == pytest.approx(float(np.percentile(latencies, 50)))
     assert key.busiest_utilisation == pytest.approx(2.0)  # 2000/s into a 1000/s server
+    # Read as a live run's histogram reads it: the 99th of 100 latencies is 1 + 0.5 · 98 =
+    # 50 ms, in bucket ceil(20 log10 50) = 34, whose upper edge is 10^(34/20) ms.
+    assert key.p99_read_ms == pytest.approx(10 ** (34 / 20), abs=1e-3)
+    assert key.figures()["p99_ms"] == key.p99_read_ms
 
 
 # --- the throughput bound --------------------------------------------------------------------
@@ -293,11 +298,14 @@ def candidate(scheme: str, vs_even: float, p99: float, state: int, **more: objec
         "moved_keys": 0,
         "moved_state": 0.0,
         "throughput_bound": 1000 * vs_even,
+        "steady_rate": 1000 * vs_even,
         "vs_even": vs_even,
         "vs_key": 1.0,
         "busiest_utilisation": 0.5,
         "p50_ms": p99 / 2,
         "p99_ms": p99,
+        "p50_read_ms": p99 / 2,
+        "p99_read_ms": p99,
         "routing_rate": 1e6,
         "busiest_top_key": 0,
         "busiest_top_key_share": 1.0,
@@ -444,6 +452,7 @@ def figures(**changed: object) -> dict[str, object]:
         "loads": [40, 20, 20, 20],
         "max_avg_final": 1.6,
         "throughput_bound": 10_000.0,
+        "steady_rate": 4_000.0,
         "p50_ms": 1.0,
         "p99_ms": 100.0,
         "state_entries": 10,
@@ -457,7 +466,8 @@ def live(**changed: object) -> dict[str, object]:
     base: dict[str, object] = {
         "loads": [40, 20, 20, 20],
         "max_avg_final": 1.6,
-        "throughput_bound": 4_000.0,
+        "throughput_bound": None,
+        "steady_rate": 4_000.0,
         "offered_rate": 4_000.0,
         "p50_ms": 300.0,
         "p99_ms": 100.0,
@@ -510,17 +520,54 @@ def test_max_avg_within_five_percent_of_live() -> None:
     assert within(compare("mixed", figures(), live(max_avg_final=1.52)))["max/avg"] is False
 
 
-def test_throughput_is_the_offered_rate_below_the_bound_and_the_bound_above_it() -> None:
-    # Offered 4,000/s below a bound of 10,000/s: 4,000 expected; 15 % of the live rate apart.
-    checks = compare("key", figures(), live(throughput_bound=3_500.0))  # 500 <= 525
-    assert (checks[2].predicted, checks[2].within) == (4_000.0, True)
-    assert within(compare("key", figures(), live(throughput_bound=3_450.0)))["throughput"] is False
-    # Offered 20,000/s above a bound of 10,000/s: the bound is what the run can do.
-    over = compare("key", figures(), live(offered_rate=20_000.0, throughput_bound=9_000.0))
-    assert (over[2].predicted, over[2].within, over[2].ratio) == (10_000.0, True, 0.9)
+def test_the_predicted_steady_rate_is_held_within_15_percent_of_the_live_one() -> None:
+    # Predicted 4,000/s: 15 % of the live rate apart at most.
+    checks = compare("key", figures(), live(steady_rate=3_500.0))  # 500 <= 525
+    assert (checks[2].predicted, checks[2].within, checks[2].ratio) == (4_000.0, True, 0.875)
+    assert within(compare("key", figures(), live(steady_rate=3_450.0)))["throughput"] is False
+    assert within(compare("key", figures(), live(steady_rate=4_700.0)))["throughput"] is True
     # C = 0: no bound, nothing to check; nor without a live rate.
     assert within(compare("key", figures(throughput_bound=None), live()))["throughput"] is None
-    assert within(compare("key", figures(), live(throughput_bound=None)))["throughput"] is None
+    assert within(compare("key", figures(), live(steady_rate=None)))["throughput"] is None
+
+
+def test_the_model_steady_rate_of_a_worker_past_its_capacity_by_hand() -> None:
+    # 100 records of one key offered at 2,000/s to W = 2 workers taking C = 1 ms each, one
+    # by one (D = 0): the worker applies record i at (i + 1) ms. The steady cut is the 20th
+    # record, at 20 ms; the 80 after it take until 100 ms: 1,000 records/s, the server's rate.
+    advice = advise(
+        uniform(["a"] * 100, gap_ms=10.0), 2, 1000.0, 2000.0, schemes=["key"], batch_ms=0.0
+    )
+    assert advice.candidate("key").steady_rate == pytest.approx(1000.0)
+    # The same at 500/s (2 ms apart): the worker keeps up, so it applies at the offered rate.
+    slow = advise(uniform(["a"] * 100, gap_ms=10.0), 2, 1000.0, 500.0, schemes=["key"], batch_ms=0)
+    assert slow.candidate("key").steady_rate == pytest.approx(500.0)
+
+
+def test_the_steady_rate_below_the_bound_when_other_workers_finish_early() -> None:
+    # Half the records one key, whose worker is offered twice its capacity; the rest spread
+    # light. The light workers' records bring the steady cut forward, so the records after it
+    # take longer than the bound (the records over the busiest worker's work) allows them.
+    keys = [("a" if i % 2 else f"k{i}") for i in range(1000)]
+    advice = advise(uniform(keys), 8, 1000.0, 4000.0, schemes=["key"], batch_ms=0.0)
+    key = advice.candidate("key")
+    assert key.throughput_bound == pytest.approx(1000 / (key.final_loads.max() * 1e-3))
+    assert key.steady_rate is not None and key.steady_rate < 0.95 * key.throughput_bound
+
+
+def test_figures_at_another_rate_are_the_models_at_that_rate() -> None:
+    from operators.advice import figures_at
+
+    keys = KeyBatch.from_strings(["a"] * 600 + ["b", "c"] * 200)
+    sample = Sample(keys, np.arange(1000) % 2, np.arange(1000) * 10.0, n_sources=2)
+    advice = advise(sample, 4, 1000.0, 100.0, schemes=["key", "pkg", "mixed"])
+    pkg = advice.candidate("pkg")
+    faster = advise(sample, 4, 1000.0, 400.0, schemes=["key", "pkg"]).candidate("pkg")
+    assert figures_at(advice, sample, pkg, 400.0) == faster.figures() != pkg.figures()
+    # A routing-table setting's round is a rate's: at another rate it is another setting,
+    # so its figures stay the advice's.
+    table = advice.candidate("mixed every=200")  # 2 s at 100/s; at 400/s it is every=800
+    assert figures_at(advice, sample, table, 400.0) == table.figures()
 
 
 def test_p99_within_a_factor_two_of_live_when_the_model_predicts_a_wait() -> None:
@@ -541,11 +588,11 @@ def test_the_live_table_marks_figures_outside_tolerance(
     sample = Sample(keys, np.arange(100) % 2, np.arange(100) * 10.0, n_sources=2)
     advice = advise(sample, n_workers=4, cpu_cost_us=1000, rate=100, schemes=["key", "pkg"])
     pkg, key = advice.candidate("pkg"), advice.candidate("key")
-    pkg.measured = {**pkg.figures(), "offered_rate": 100.0, "throughput_bound": 100.0}
+    pkg.measured = {**pkg.figures(), "offered_rate": 100.0}
     wrong = [*key.final_loads.tolist()]
     wrong[0], wrong[1] = wrong[0] - 1, wrong[1] + 1
     key.measured = {**key.figures(), "loads": wrong, "offered_rate": 100.0}
-    key.measured.update(throughput_bound=100.0, p99_ms=key.p99_ms * 3)
+    key.measured.update(p99_ms=key.p99_ms * 3)
     stream = {"workload": "letters", "rate": 100.0, "records": 100}
     lines = live_table(advice, [pkg, key], stream).splitlines()
     assert lines[1].split()[:3] == ["scheme", "loads", "max/avg"]
@@ -571,9 +618,10 @@ def test_a_live_run_of_a_setting_is_the_demos_plan_with_the_same_w_c_and_paramet
     )
     assert (d.workload, d.records, d.sources, d.rate) == ("zipf:n=100", 100, 2, 100.0)
     assert d.run_id.startswith("advise-") and d.input_topic is None
-    # A round every 10 records (records / 10) at 100 records/s: a controller round every 0.1 s.
+    # A round every 10 records (records / 10): the live controller's rounds counted in records.
     table = next(c for c in advice.candidates if c.label == "mixed every=10")
-    assert setting_plan(config.load({}), table, advice, stream).control_interval == 0.1
+    assert setting_plan(config.load({}), table, advice, stream).control_every == 10
+    assert d.control_every is None
 
 
 def test_the_live_steady_rate_runs_from_the_steady_cut_to_the_last_record_applied() -> None:
@@ -604,6 +652,7 @@ def test_a_live_run_that_fails_names_the_setting_and_why(monkeypatch: pytest.Mon
         run_live(
             advice,
             [advice.candidate("pkg")],
+            sample,
             workload_stream("zipf:n=100", 100, 2, 100.0),
             config.load({}),
             say=said.append,
@@ -631,8 +680,9 @@ def test_the_ranking_agrees_with_live_unless_a_lower_setting_runs_clearly_faster
 def test_the_bench_table_marks_each_figure_outside_its_tolerance() -> None:
     from bench.advise import table
 
-    figures = {"throughput_bound": 6500.0, "max_avg_final": 2.0, "p50_ms": 300.0, "loads": [4, 2]}
-    live = {**figures, "throughput_bound": 5000.0, "offered_rate": 14_000.0, "p99_ms": 1200.0}
+    figures = {"throughput_bound": 7000.0, "steady_rate": 6500.0, "max_avg_final": 2.0}
+    figures.update(p50_ms=300.0, loads=[4, 2])
+    live = {**figures, "steady_rate": 5000.0, "offered_rate": 14_000.0, "p99_ms": 1200.0}
     checks = compare("key", {**figures, "p99_ms": 500.0}, live)
     row = table({"runs": [{"label": "key", "rank": 3, "checks": [c.summary() for c in checks]}]})
     # Rate 5000 / 6500 = 0.77: outside ±15 %; p99 1200 / 500 = 2.4: outside 2×; loads equal.
@@ -640,3 +690,12 @@ def test_the_bench_table_marks_each_figure_outside_its_tolerance() -> None:
         "| key | 3 | 6,500 | 5,000 | 0.77 | **no** | 500 | 1,200 | 2.40 | **no** "
         "| 2.00 | 2.00 | yes |"
     )
+
+
+def test_a_note_warns_when_a_routing_table_settings_busiest_worker_is_past_capacity() -> None:
+    # One key: its worker takes every record, at C = 1 ms a capacity of 1,000 records/s.
+    keys = uniform(["a"] * 1000)
+    busy = advise(keys, 4, 1000.0, 2000.0, schemes=["key", "mixed"], batch_ms=0.0)
+    assert any(note.startswith("mixed: the busiest worker is past") for note in busy.notes)
+    calm = advise(keys, 4, 1000.0, 500.0, schemes=["key", "mixed"], batch_ms=0.0)
+    assert not any("past its capacity" in note for note in calm.notes)

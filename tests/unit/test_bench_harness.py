@@ -196,6 +196,7 @@ def test_the_advise_page_shows_each_source_order_schemes_loads_check() -> None:
             "exact": None,
         },
     ]
-    page = advise.body({**data, "tables": tables})
+    page = advise.body({**data, "tables": tables, "table_rate": 7000.0})
+    assert "first 1,000 records at 7,000 records/s" in page
     assert "| mixed | 1.020 | 1.050 | 1.029 | yes | yes |" in page
     assert "| llfd | 1.000 | - | - | - | - |" in page

@@ -29,11 +29,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from operators import registry
 from operators.keys import KeyBatch
-from operators.metrics import imbalance, load_figures, max_avg_ratio
+from operators.metrics import (
+    bucket_upper_ms,
+    imbalance,
+    latency_buckets,
+    load_figures,
+    max_avg_ratio,
+)
 from pipeline.io import config
 from pipeline.io.kafka_io import RunNames
 from pipeline.io.records import encode_input
-from pipeline.io.state_store import bucket_upper_ms, latency_buckets
 from pipeline.observe import aggregator as aggregator_metrics
 from pipeline.observe import controller as controller_metrics
 from pipeline.observe import exporter as exporter_module

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from operators import registry
 from operators.base import KeyStatistics, Plan, RoutingTable, Scheme, SchemeError, TableScheme
 from operators.keys import KeyBatch, choice_from_hash
-from operators.simulator import Router, simulate
+from operators.simulator import Router, simulate, source_round
 
 
 def kg(key: bytes, n_workers: int) -> int:
@@ -422,6 +422,27 @@ def test_table_scheme_controller_rounds() -> None:
     assert result.table_entries == len(table)
     moved_total = sum(r["migrated_state"] for r in rounds)
     assert result.migrated_fraction == pytest.approx(moved_total / 150)
+
+
+def test_per_source_rounds_are_planned_once_every_source_reported_its_share() -> None:
+    # S = 2, a round every 4 records: each source reports after every 2 of its own records.
+    # Source 0 reads records 0-3 and 6, source 1 records 4, 5 and 7: source 0 reports after
+    # records 1 and 3 (and 6), source 1 after record 5, so round 1 is planned after record 5,
+    # on source 0's records 0-1 and source 1's 4-5; source 0's records 2-3 wait for round 2,
+    # which never comes (source 1 reads only three).
+    sources = np.array([0, 0, 0, 0, 1, 1, 0, 1])
+    keys = KeyBatch.from_bytes([b"a", b"a", b"b", b"b", b"c", b"a", b"b", b"c"])
+    a = int(KeyBatch.from_bytes([b"a"]).key_ids()[0])
+    for chunks in (((0, 8),), ((0, 3), (3, 5), (5, 8))):
+        router = Router("test-table", 3, 2, rebalance_interval=4, per_source=True)
+        workers = np.concatenate([router.route(keys.slice(i, j), sources[i:j]) for i, j in chunks])
+        (round_,) = router.migrations
+        assert (round_["at_record"], round_["total_state"]) == (6, 4)
+        # "a" is the round's hottest key (3 of its 4 records): both sources' table holds it.
+        tables = [obj.table.as_dict() for obj in router.objects]
+        assert list(tables[0]) == [a] and tables[0] == tables[1]
+        assert workers.shape == (8,)
+    assert source_round(4, 2) == 2
 
 
 def test_rebalance_interval_is_ignored_for_ordinary_schemes() -> None:

@@ -15,16 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from operators.keys import KeyBatch
+from operators.metrics import bucket_upper_ms, latency_buckets, latency_quantile
 from pipeline.io import records
 from pipeline.io.redis_layout import RunKeys
-from pipeline.io.state_store import (
-    WorkerBatch,
-    bucket_upper_ms,
-    key_bytes,
-    key_text,
-    latency_buckets,
-    latency_quantile,
-)
+from pipeline.io.state_store import WorkerBatch, key_bytes, key_text
 from pipeline.stages.aggregator import result_records
 from pipeline.stages.worker_job import (
     WorkerJobError,
