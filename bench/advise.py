@@ -253,7 +253,7 @@ def measure_stream(
     runs = []
     for candidate in chosen:
         measured = candidate.measured or {}
-        figures = candidate.predicted or candidate.figures()
+        figures = candidate.live_prediction
         checks = candidate.checks()
         runs.append(
             {
@@ -314,13 +314,14 @@ def measure_schemes(
     rows = []
     for candidate in chosen:
         measured = candidate.measured or {}
+        # The page shows the predictions the verdicts were made on (at the run's offered rate).
         checks = {c.figure: c for c in candidate.checks()}
         rows.append(
             {
                 "label": candidate.label,
-                "predicted": [int(load) for load in candidate.final_loads],
+                "predicted": [int(load) for load in candidate.live_prediction["loads"]],
                 "live": measured.get("loads"),
-                "max_avg_predicted": candidate.max_avg_final,
+                "max_avg_predicted": checks["max/avg"].predicted,
                 "max_avg_live": measured.get("max_avg_final"),
                 "max_avg_within": checks["max/avg"].within,
                 "exact": measured.get("exact"),

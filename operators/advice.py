@@ -317,11 +317,17 @@ class Candidate:
             "loads": self.final_loads.tolist(),
         }
 
+    @property
+    def live_prediction(self) -> dict[str, Any]:
+        """What a live run is compared with: the figures at its offered rate once it ran
+        (``predicted``), else those at the advice's rate."""
+        return self.predicted or self.figures()
+
     def checks(self) -> list[Check]:
-        """The live run's figures against the prediction at its offered rate (none unrun)."""
+        """The live run's figures against :attr:`live_prediction` (none unrun)."""
         if self.measured is None:
             return []
-        return compare(self.scheme, self.predicted or self.figures(), self.measured)
+        return compare(self.scheme, self.live_prediction, self.measured)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -564,13 +570,15 @@ def _percentiles(latency: np.ndarray) -> tuple[float, float]:
     return float(p50), float(p99)
 
 
-def _read_as_live(latency: np.ndarray, exact: float, q: float) -> float:
-    """Quantile ``q`` of ``latency`` in the live histogram's buckets; 0 if ``exact`` is."""
-    if exact <= 0:
-        return 0.0
+def _read_as_live(latency: np.ndarray, exact: tuple[float, float]) -> tuple[float, float]:
+    """p50 and p99 of ``latency`` in the live histogram's buckets (one bucketing for both);
+    each 0 where its ``exact`` value is."""
     histogram = dict(enumerate(np.bincount(metrics.latency_buckets(latency)).tolist()))
-    read = metrics.latency_quantile(histogram, q)
-    return float(read) if read is not None else 0.0
+    reads = []
+    for q, value in zip((0.5, 0.99), exact, strict=True):
+        read = metrics.latency_quantile(histogram, q) if value > 0 else None
+        reads.append(float(read) if read is not None else 0.0)
+    return reads[0], reads[1]
 
 
 def advise(
@@ -641,6 +649,7 @@ def advise(
         worst = metrics.max_avg_ratio(result.checkpoint_loads[after]) if after.any() else [1.0]
         latency = batched_latencies(result.workers, arrival, cost_ms, n_workers, batch_ms)
         p50, p99 = _percentiles(latency)
+        p50_read, p99_read = _read_as_live(latency, (p50, p99))
         raw.append(
             {
                 "scheme": name,
@@ -660,8 +669,8 @@ def advise(
                 "moved_state": sum(r["migrated_state"] for r in result.migrations),
                 "p50_ms": p50,
                 "p99_ms": p99,
-                "p50_read_ms": _read_as_live(latency, p50, 0.5),
-                "p99_read_ms": _read_as_live(latency, p99, 0.99),
+                "p50_read_ms": p50_read,
+                "p99_read_ms": p99_read,
                 "steady_rate": metrics.steady_rate(arrival + latency),
                 "routing_rate": result.routing_rate,
                 "busiest_top_key": j,
