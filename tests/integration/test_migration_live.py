@@ -1,11 +1,12 @@
 """Routing-table schemes live: real Kafka, Redis and Spark, keys and state migrating.
 
 A drifting workload -- the fluctuation of Fang et al., "Parallel Stream Processing Against
-Workload Skewness and Variance" (2017): the hot keys change four times -- under ``mixed``
-(seeds/000) and ``readj`` (seeds/004, its rounds counted in records: ``--control-every``), with
-the controller (``skewer control``) as a subprocess next to the other stages; the two runs share
-one Spark application (the ``spark`` fixture), as test_end_to_end.py's exactness runs do. While
-a run goes, a watcher snapshots the window state every 50 ms, and whenever no migration runs it
+Workload Skewness and Variance" (2017): the hot keys change four times -- under ``mixed`` (that
+paper's scheme) and ``readj`` (Gedik, "Partitioning Functions for Stateful Data Parallelism in
+Stream Processing"; its rounds counted in records: ``--control-every``), with the controller
+(``skewer control``) as a subprocess next to the other stages; the two runs share one Spark
+application (the ``spark`` fixture), as test_end_to_end.py's exactness runs do. While a run
+goes, a watcher snapshots the window state every 50 ms, and whenever no migration runs it
 requires every key's state of every open window to live on one worker; after the run every final
 count must equal the ground truth (both are docs/design.md#exactness-invariants). The controller
 is also killed with SIGKILL in the middle of a migration and restarted. Finally the acceptance
