@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.cli.arguments import add_command, add_spark_master_argument
+from pipeline.cli.arguments import add_command, add_jit_argument, add_spark_master_argument
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     worker.add_argument("--records", type=int, default=1_000_000, help="records (1000000)")
     worker.add_argument("--rounds", type=int, default=3, help="measured pairs (3)")
+    add_jit_argument(worker, "peak")  # quick writes worker_stage_quick
     worker.add_argument("--out", type=Path, help="output directory (default bench/results)")
     worker.set_defaults(handler=run_worker)
     latency = commands.add_parser(
@@ -202,7 +203,9 @@ def run_worker(args: argparse.Namespace) -> int:
     command = _command(args, "--records", str(args.records), "--rounds", str(args.rounds))
     began = time.perf_counter()
     try:
-        result = worker_stage.run(records_count=args.records, rounds=args.rounds, log=_log)
+        result = worker_stage.run(
+            records_count=args.records, rounds=args.rounds, jit=args.jit, log=_log
+        )
     except ValueError as error:
         raise UsageError(str(error)) from None
     return _write(result, args.out, command, time.perf_counter() - began)

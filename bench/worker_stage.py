@@ -274,9 +274,11 @@ def run(
     *,
     records_count: int = 1_000_000,
     rounds: int = 3,
+    jit: str = "peak",
     log: Callable[[str], None] = lambda _line: None,
 ) -> ExperimentResult:
-    """Prefill, warm up, then ``rounds`` alternating pairs; the services must answer."""
+    """Prefill, warm up, then ``rounds`` alternating pairs; the services must answer. ``jit``
+    is the session's (``skewer work --jit``): ``quick`` writes ``worker_stage_quick``."""
     from pipeline.io.spark_session import build_spark_session
 
     settings = config.load()
@@ -287,6 +289,7 @@ def run(
         "skewer-bench-worker",
         master=f"local[{max(tasks, 2)},{worker_job.TASK_ATTEMPTS}]",
         shuffle_partitions=max(tasks, 2),
+        jit=jit,
     )
     try:
         began = time.perf_counter()
@@ -322,8 +325,8 @@ def run(
     exact = warm_run.exact and all(row["exact"] for row in rows)
     body = [
         f"{records_count:,} records of `{WORKLOAD}` routed by PKG into W = {WORKERS} partitions; "
-        f"one SparkSession `local[{max(tasks, 2)}]`; the worker job runs T = {tasks} task(s) per "
-        "micro-batch, each holding W / T workers.",
+        f"one SparkSession `local[{max(tasks, 2)}]`, its JIT `{jit}`; the worker job runs "
+        f"T = {tasks} task(s) per micro-batch, each holding W / T workers.",
         "",
         table(rows),
         "",
@@ -336,13 +339,14 @@ def run(
         profile_table(profiled),
     ]
     return ExperimentResult(
-        name="worker_stage",
+        name="worker_stage" if jit == "peak" else f"worker_stage_{jit}",
         title="Worker stage at zero cost: skewer's job against Spark's own windowed count",
         markdown=re.sub(r":\w+:`", "`", method_markdown(METHOD)) + "\n\n" + "\n".join(body) + "\n",
         data={
             "records": records_count,
             "workers": WORKERS,
             "tasks": tasks,
+            "jit": jit,
             "rows": rows,
             "median_ratio": median,
             "exact": exact,

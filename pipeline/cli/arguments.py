@@ -70,6 +70,21 @@ def add_spark_master_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_jit_argument(parser: argparse.ArgumentParser, default: str | None) -> None:
+    """``--jit``: how the workers' driver JVM compiles (``pipeline.io.spark_session.JIT_MODES``);
+    ``default`` None lets the run choose (``skewer demo``: quick for a paced local run)."""
+    from pipeline.io.spark_session import JIT_MODES
+
+    chosen = "quick for a paced run on a local master, else peak" if default is None else default
+    parser.add_argument(
+        "--jit",
+        choices=JIT_MODES,
+        default=default,
+        help=f"the Spark driver's JIT: peak (C1 then C2) or quick (C1 only: warm within a "
+        f"second, about half the peak rate of the JVM's part) (default: {chosen})",
+    )
+
+
 def spark_master_from_args(args: argparse.Namespace, default: str) -> str:
     """``--spark-master``, else ``default`` (the settings' ``spark_master``); a
     :class:`UsageError` if Spark would not take it, or if it is a ``spark://`` master that does

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, TextIO
 from pipeline.cli.arguments import (
     add_command,
     add_input_topic_arguments,
+    add_jit_argument,
     add_param_argument,
     add_scheme_argument,
     add_spark_master_argument,
@@ -49,6 +50,7 @@ DEFAULT_SCHEME = "pkg"
 #: The flags that are :class:`~pipeline.runs.plan.RunPlan` fields of the same name.
 PLAN_FLAGS = (
     "records",
+    "jit",
     "workers",
     "sources",
     "workload",
@@ -131,6 +133,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds (1800)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_spark_master_argument(parser)
+    add_jit_argument(parser, None)
     parser.set_defaults(handler=run)
 
 

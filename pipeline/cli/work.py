@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.cli.arguments import (
     add_command,
+    add_jit_argument,
     add_spark_master_argument,
     add_stage_arguments,
     add_window_argument,
@@ -71,6 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Spark tasks per micro-batch, each holding W/T workers (default: cores, at most W)",
     )
     add_spark_master_argument(parser)
+    add_jit_argument(parser, "peak")
     add_stage_arguments(parser, scheme_label=True, until_end="stop at END_OF_STREAM")
     parser.add_argument("--verbose", action="store_true", help="a line per micro-batch")
     parser.set_defaults(handler=run)
@@ -123,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         max_records_per_batch=args.max_records_per_batch,
         tasks=args.tasks,
         spark_master=spark_master_from_args(args, settings.spark_master),
+        jit=args.jit,
     )
     try:
         options.validate()

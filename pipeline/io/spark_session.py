@@ -50,6 +50,13 @@ CLASS_ARCHIVE_ENV = "SKEWER_SPARK_CLASS_ARCHIVE"
 #: A stale or foreign archive is ignored by the JVM; these keep it from saying so on stderr.
 _QUIET_ARCHIVE = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
 
+#: How the driver JVM compiles (``skewer work --jit``): ``peak`` is HotSpot's default tiered
+#: compilation (C1, then C2 for hot code); ``quick`` stops at C1, whose code is ready within a
+#: second of traffic but runs the Kafka read and the Arrow hand-over at about half C2's peak
+#: rate (docs/performance.md#start-up).
+JIT_MODES = ("peak", "quick")
+_JIT_OPTIONS = {"peak": (), "quick": ("-XX:TieredStopAtLevel=1",)}
+
 
 #: Seconds a new session on a cluster may take until its executors offer the cores it needs,
 #: and how long the cores offered may stay the same, once some executor registered, before
@@ -134,8 +141,10 @@ def build_spark_session(
     shuffle_partitions: int = 4,
     settings: config.Settings | None = None,
     extra_conf: dict[str, str] | None = None,
+    jit: str = "peak",
 ) -> SparkSession:
-    """A SparkSession on ``master`` that can read and write Kafka.
+    """A SparkSession on ``master`` that can read and write Kafka, its driver JVM compiling as
+    ``jit`` says (:data:`JIT_MODES`; on a local master the driver runs the tasks too).
 
     ``shuffle_partitions`` is small because the default (200) makes every aggregation of a
     small job schedule 200 tasks. The driver binds to 127.0.0.1 like every other service when
@@ -151,7 +160,7 @@ def build_spark_session(
     from pyspark.sql import SparkSession
 
     jars = ",".join(str(jar) for jar in kafka_source_jars(settings))
-    java_options = driver_java_options(settings or config.load())
+    java_options = driver_java_options(settings or config.load(), jit)
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)
@@ -173,9 +182,19 @@ def build_spark_session(
     return session
 
 
-def driver_java_options(settings: config.Settings) -> list[str]:
-    """The driver JVM's options: warnings and errors only, and the class archive."""
-    return [f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}", *class_archive_options(settings)]
+def driver_java_options(settings: config.Settings, jit: str = "peak") -> list[str]:
+    """The driver JVM's options: warnings and errors only, the class archive, the JIT mode.
+
+    >>> driver_java_options(config.load({}), "quick")[-1]
+    '-XX:TieredStopAtLevel=1'
+    """
+    if jit not in _JIT_OPTIONS:
+        raise ValueError(f"jit must be one of {', '.join(JIT_MODES)}, got {jit!r}")
+    return [
+        f"-Dlog4j2.configurationFile=file:{LOG4J2_CONFIG}",
+        *class_archive_options(settings),
+        *_JIT_OPTIONS[jit],
+    ]
 
 
 def _java_executable() -> Path | None:

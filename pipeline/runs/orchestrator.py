@@ -4,7 +4,7 @@ Layer: runs.
 
 :class:`Pipeline` starts each stage of a :class:`~pipeline.runs.plan.RunPlan` as the command a
 user would type (``python -m pipeline.cli ...``), so a run exercises exactly the product's entry
-points: all at once, the producers held at a gate until every worker applied a micro-batch
+points: Spark and the producers first, the producers held at a gate until the workers are warm
 (:meth:`Pipeline.start_all`); the run is over when every stage exited 0 at END_OF_STREAM, and a
 stage that fails stops it. It reports progress about once a second, marks the start-up
 timeline (:mod:`pipeline.runs.run_clock`) and samples the latency while it waits
@@ -14,11 +14,15 @@ the run. :func:`run_pipeline` is the one way to run a plan whole (``skewer demo`
 benchmarks); the fault tests drive a :class:`Pipeline` step by step.
 Stage output goes to ``{run_dir}/demo/{run_id}/{stage}.out|.err``. The services a run needs:
 :mod:`pipeline.runs.service_lease`.
+
+Long because a run's whole life -- start-up, faults, figures, clean-up -- is one object that
+the fault tests drive a step at a time, between steps of their own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import signal
@@ -51,6 +55,10 @@ if TYPE_CHECKING:
 
 #: Seconds Spark gets to start and commit its first micro-batch.
 WORK_READY_SECONDS = 180.0
+#: Micro-batches of markers the workers apply before gated producers send: a fresh driver runs
+#: its first micro-batches (scheduling, the Python workers' hand-over, the logs) several times
+#: slower than later ones, and a slow batch makes the next one bigger (docs/performance.md).
+WARM_UP_BATCHES = 5
 #: Seconds a stage gets to exit after SIGTERM before SIGKILL (Spark stops its query first).
 STOP_GRACE_SECONDS = 15.0
 
@@ -147,9 +155,11 @@ class Pipeline:
         self.stop()
         self.close()
 
-    def prepare(self) -> None:
+    def prepare(self, *, start_work: bool = False) -> None:
         """Check the scheme and services, refuse a run that exists already (its topics or
-        Redis keys), and create the run's topics; one line on failure."""
+        Redis keys), and create the run's topics; one line on failure. ``start_work`` starts
+        the plan's Spark workers as soon as the run is known to be new, so that their JVM
+        starts up while the topics are made (the job makes its own topic if it is first)."""
         from pipeline.stages import grouping
 
         bootstrap = self.settings.kafka_bootstrap
@@ -164,6 +174,8 @@ class Pipeline:
                 )
             # From here on the run is ours: cleanup() may delete all of it.
             self.prepared = True
+            if start_work and "work" in self.plan.stages:
+                self.start("work")
             grouping.prepare(self.plan.stage_config(self.settings))
             self.clock.mark("run prepared")
         except kafka_io.KafkaIOError as error:
@@ -194,35 +206,53 @@ class Pipeline:
         self.clock.mark("producers started")
 
     def start_all(self, stages: Sequence[str] | None = None, *, ready_timeout: float = 0) -> None:
-        """Start ``stages`` (default: the plan's) at once, in :data:`STAGES` order, and let the
-        producers send once ``work`` is ready and ``group`` is. Every stage starts up while
-        Spark does, so its start-up adds nothing to the wait; the producers wait at their
-        gate, or their first records would measure Spark's start-up, not the pipeline."""
+        """Start ``stages`` (default: the plan's) in :data:`STAGES` order; when they include the
+        producers and the workers, the producers send only once the run is warm.
+
+        Then Spark's driver starts with the gated producers only, which plan their stream and
+        write its truth beside the JVM's start-up; on two cores the other stages' start-up
+        (three Python processes, their imports and compiled kernels) held the driver back by
+        seconds. They start once Spark committed its first micro-batch, while the workers
+        apply :data:`WARM_UP_BATCHES` micro-batches of markers (:meth:`warm_up_workers`), and
+        the producers send once both are done, so that the first records meet neither a cold
+        driver nor a cold path (docs/performance.md#start-up).
+        """
         stages = self.plan.stages if stages is None else stages
         timeout = ready_timeout or WORK_READY_SECONDS
         gated = "produce" in stages and "work" in stages
-        for stage in (s for s in STAGES if s in stages and (gated or s != "produce")):
-            self.start(stage, gated=stage == "produce")
-        if "work" in stages:
-            began = time.monotonic()
-            self.log("waiting for the Spark workers to start ...")
-            self.wait_work_ready(timeout)
-            self.log(f"Spark workers ready after {time.monotonic() - began:.1f} s")
+        if "work" in stages and "work" not in self.stages:  # prepare() may have started it
+            self.start("work")
+        if gated:
+            self.start("produce", gated=True)
+            self._wait_work_ready_logged(timeout)
+        for stage in STAGES:
+            if stage in stages and stage not in self.stages and (gated or stage != "produce"):
+                self.start(stage)
+        if gated:
+            self.warm_up_workers(WARM_UP_BATCHES, timeout)
+        elif "work" in stages:
+            self._wait_work_ready_logged(timeout)
         if "group" in stages and "produce" in stages:
             self.wait_group_ready(timeout)
-            if "work" in stages:
-                self.wait_workers_applied(timeout)
         if gated:
             self.release_producers()
         elif "produce" in stages:
             self.start("produce")
         self.log(f"running: {', '.join(s for s in STAGES if s in stages)}")
 
+    def _wait_work_ready_logged(self, timeout: float) -> None:
+        began = time.monotonic()
+        self.log("waiting for the Spark workers to start ...")
+        self.wait_work_ready(timeout)
+        self.log(f"Spark workers ready after {time.monotonic() - began:.1f} s")
+
     def wait_work_ready(self, timeout: float = WORK_READY_SECONDS) -> None:
         """Until Spark committed a micro-batch in the run's checkpoint (raises if work died)."""
         commits = self.plan.checkpoint_dir(self.settings) / "commits"
-        self._wait_ready("work", lambda: commits.is_dir() and any(commits.iterdir()), timeout)
-        # As this poll sees the first commit file: at most 0.2 s late.
+        self._wait_ready(
+            "work", lambda: commits.is_dir() and any(commits.iterdir()), timeout, poll=0.05
+        )
+        # As this poll sees the first commit file: at most 0.05 s late.
         self.clock.mark("Spark workers ready")
 
     def wait_workers_applied(self, timeout: float = WORK_READY_SECONDS) -> None:
@@ -236,6 +266,36 @@ class Pipeline:
 
         self._wait_ready("work", every_worker_applied, timeout, poll=0.05)
         self.clock.mark("workers applied a batch")
+
+    def warm_up_workers(self, batches: int, timeout: float = WORK_READY_SECONDS) -> None:
+        """Put ``batches`` micro-batches through the whole path before the producers send:
+        each a WATERMARK marker of source 0 at event time 0 on every ``work`` partition, waited
+        for until every worker applied a later batch than before it. A watermark only ever
+        rises, and the run's own producers stamp every record after 1970, so these markers
+        change no watermark and no count; they run the driver's per-batch path until it is as
+        fast as it will be."""
+        from confluent_kafka import Producer
+
+        from pipeline.io.records import Kind, encode_marker
+
+        marker = encode_marker(Kind.WATERMARK, source=0, time_ms=0)
+        topic, workers = self.plan.names.work_topic, self.plan.workers
+        producer = Producer(
+            kafka_io.producer_config(self.settings.kafka_bootstrap, **{"linger.ms": 0})
+        )
+        for _ in range(batches):
+            before = self.store.applied_batches(workers)
+            for partition in range(workers):
+                producer.produce(topic, value=marker, partition=partition)
+            producer.flush(timeout)
+            applied = functools.partial(self._applied_since, before)
+            self._wait_ready("work", applied, timeout, poll=0.01)
+        self.clock.mark("workers warmed up")
+
+    def _applied_since(self, before: list[int | None]) -> bool:
+        """Whether every worker applied a later micro-batch than in ``before``."""
+        now = self.store.applied_batches(len(before))
+        return all(b is not None and (a is None or b > a) for a, b in zip(before, now, strict=True))
 
     def wait_group_ready(self, timeout: float = WORK_READY_SECONDS) -> None:
         """Until every source of the grouping stage has started (consumer assigned, producer's
@@ -574,7 +634,7 @@ def run_pipeline(
     summary: RunSummary | None = None
     with Pipeline(plan, settings, log=log, environ=environ, clock=clock) as pipeline:
         try:
-            pipeline.prepare()
+            pipeline.prepare(start_work=True)
             pipeline.start_all()
             if on_start is not None:
                 on_start(pipeline)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.io import config, kafka_io
+from pipeline.io.spark_session import JIT_MODES, is_local
 from producers.kafka_producer import DEFAULT_EVENT_RATE
 from producers.workloads import DEFAULT_WORKLOAD
 
@@ -82,6 +83,24 @@ class RunPlan:
     spark_master: str = config.DEFAULT_SPARK_MASTER
     #: Spark tasks per micro-batch (``skewer work --tasks``); None: the worker job's default.
     tasks: int | None = None
+    #: How the workers' driver JVM compiles (``skewer work --jit``); None: :attr:`worker_jit`.
+    jit: str | None = None
+
+    @property
+    def worker_jit(self) -> str:
+        """``jit``, else ``quick`` for a paced run on a local master and ``peak`` otherwise.
+
+        A paced run's first records wait for the JIT as long as C2 still compiles, for about
+        20 s on two cores; C1 alone is warm within a second, and its half of C2's peak rate for
+        the JVM's part of a record leaves a paced stream far below capacity room. A run over a
+        backlog wants the peak (docs/performance.md#start-up).
+
+        >>> RunPlan("pkg", 10, rate=1000.0).worker_jit, RunPlan("pkg", 10).worker_jit
+        ('quick', 'peak')
+        """
+        if self.jit is not None:
+            return self.jit
+        return "quick" if self.rate is not None and is_local(self.spark_master) else "peak"
 
     def user_topic(self) -> UserTopic | None:
         """How the grouping stage reads ``input_topic`` (ValueError for a bad spec)."""
@@ -159,6 +178,8 @@ class RunPlan:
             raise ValueError(f"--rate must be > 0, got {self.rate}")
         if not self.event_rate > 0:
             raise ValueError(f"--event-rate must be > 0, got {self.event_rate}")
+        if self.jit is not None and self.jit not in JIT_MODES:
+            raise ValueError(f"--jit must be one of {', '.join(JIT_MODES)}, got {self.jit!r}")
         # RunKeys refuses run ids that would break key names or glob patterns.
         from pipeline.io.redis_layout import RunKeys
 
@@ -227,7 +248,7 @@ class RunPlan:
             out += ["--cpu-cost-us", _number(self.cpu_cost_us), "--checkpoint", str(checkpoint)]
             if self.max_records_per_batch is not None:
                 out += ["--max-records-per-batch", str(self.max_records_per_batch)]
-            out += ["--spark-master", self.spark_master]
+            out += ["--spark-master", self.spark_master, "--jit", self.worker_jit]
             if self.tasks is not None:
                 out += ["--tasks", str(self.tasks)]
             return [*out, *run, "--until-end", "--verbose", "--json"]
@@ -261,6 +282,7 @@ class RunPlan:
             max_records_per_batch=self.max_records_per_batch,
             spark_master=self.spark_master,
             tasks=self.tasks,
+            jit=self.worker_jit,
         )
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.io import config, kafka_security, records
-from pipeline.io.spark_session import is_local
+from pipeline.io.spark_session import JIT_MODES, is_local
 from pipeline.io.state_store import StateStore
 from pipeline.stages.worker_task import (
     SUMMARY_SCHEMA,
@@ -95,6 +95,10 @@ class WorkOptions:
     fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS
     #: How Spark writes the query's logs; None: Spark's default (as for ``fetch_max_wait_ms``).
     checkpoint_file_manager: str | None = CHECKPOINT_FILE_MANAGER
+    #: How the driver JVM compiles (``skewer work --jit``,
+    #: :data:`pipeline.io.spark_session.JIT_MODES`): ``peak`` for a backlog, ``quick`` for a
+    #: paced stream far below capacity, whose first records then wait no longer than later ones.
+    jit: str = "peak"
 
     @property
     def task_count(self) -> int:
@@ -117,6 +121,10 @@ class WorkOptions:
             raise WorkerConfigError(f"fetch.max.wait.ms must be >= 0, got {self.fetch_max_wait_ms}")
         if self.tasks is not None and not 1 <= self.tasks <= self.workers:
             raise WorkerConfigError(f"--tasks must be in 1..W={self.workers}, got {self.tasks}")
+        if self.jit not in JIT_MODES:
+            raise WorkerConfigError(
+                f"--jit must be one of {', '.join(JIT_MODES)}, got {self.jit!r}"
+            )
         try:
             config.check_spark_master(self.spark_master, "--spark-master")
         except ValueError as error:
@@ -371,6 +379,7 @@ def job_session(options: WorkOptions) -> SparkSession:
         master=master,
         shuffle_partitions=slots,
         extra_conf={**standalone, **daemon},
+        jit=options.jit,
     )
     try:
         require_executor_cores(spark, options.task_count)

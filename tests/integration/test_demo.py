@@ -78,21 +78,22 @@ def test_demo_pkg_100000_verify_json_is_exact_and_reports_the_contract_fields(
     assert 1.0 < report["replication"] <= 2.0
     # Progress went to stderr, the JSON alone to stdout.
     assert "produced" in captured.err and captured.out.count("\n") == 1
-    # The start-up timeline: the orchestrator's events in the order it meets them (every stage
-    # starts at once; the producers send once a batch went through every worker),
-    # the first record applied after the producers started, every event's seconds in order.
+    # The start-up timeline: the orchestrator's events in the order it meets them (Spark and the
+    # gated producers first, the other stages once Spark committed a micro-batch; the producers
+    # send once the workers applied the warm-up batches and the grouping sources started), the
+    # first record applied after the producers started, every event's seconds in order.
     at = {e["event"]: e["seconds"] for e in report["timeline"]}
     order = [
         "command started",
         "services checked",
-        "run prepared",
         "work started",
-        "aggregate started",
-        "group started",
+        "run prepared",
         "produce started",
         "Spark workers ready",
+        "aggregate started",
+        "group started",
+        "workers warmed up",
         "grouping sources ready",
-        "workers applied a batch",
         "producers started",
         "verified",
     ]
@@ -252,6 +253,34 @@ def test_a_failing_stage_stops_the_run_with_its_own_error_line(settings: config.
         "pass --window-ms 5000"
     )
     assert str(failed.value).startswith(f"aggregate failed (exit 2): {failed.value.reason} (log: ")
+
+
+@pytest.mark.integration
+def test_the_warm_up_runs_micro_batches_through_every_worker_and_changes_nothing() -> None:
+    from pipeline.runs.orchestrator import Pipeline
+
+    plan = RunPlan(
+        scheme="pkg", records=10, workers=4, sources=2, run_id=f"demo-warm-{uuid.uuid4().hex[:6]}"
+    )
+    with Pipeline(plan) as pipeline:
+        try:
+            pipeline.prepare(start_work=True)
+            pipeline.wait_work_ready()
+            before = pipeline.store.applied_batches(plan.workers)
+            pipeline.warm_up_workers(3)
+            after = pipeline.store.applied_batches(plan.workers)
+            # Three rounds, each waited for until every worker applied a later batch.
+            assert all(
+                b is not None and b - (a if a is not None else -1) >= 3
+                for a, b in zip(before, after, strict=True)
+            ), (before, after)
+            # Source 0's watermark at event time 0 with source 1 silent: no worker has a
+            # watermark, and nothing was counted.
+            assert pipeline.store.worker_watermarks(plan.workers) == [None] * plan.workers
+            assert pipeline.store.processed_per_worker(plan.workers).tolist() == [0] * 4
+        finally:
+            pipeline.stop()
+            pipeline.cleanup()
 
 
 def test_demo_rejects_an_unknown_scheme_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:

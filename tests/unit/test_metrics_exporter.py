@@ -635,7 +635,7 @@ def test_multiprocess_exporter_merges_its_children(settings: config.Settings) ->
 def test_native_config_has_the_skewer_job_and_the_rules(settings: config.Settings) -> None:
     [prometheus] = manager.native_services(settings, ["prometheus"])
     parsed = yaml.safe_load(prometheus.prometheus_config())
-    assert parsed["global"]["evaluation_interval"] == "1s"
+    assert parsed["global"]["evaluation_interval"] == "5s"
     assert parsed["rule_files"] == ["rules.yml"]
     jobs = {job["job_name"]: job for job in parsed["scrape_configs"]}
     assert jobs["skewer"]["scrape_interval"] == "1s"
