@@ -11,7 +11,9 @@ small machine behave like W machines. ``--checkpoint DIR`` is Spark's checkpoint
 ``.cache/checkpoints/{topic prefix}{run id}/work``): restart with the same one after a crash.
 ``--until-end`` stops once every worker's watermark is END_OF_STREAM. ``--sources S`` is the
 number of grouping sources (default: the partition count of topic ``keys``, or of the user's
-topic a grouping stage with ``--input-topic`` recorded for the run). Exit 2 on bad
+topic a grouping stage with ``--input-topic`` recorded for the run). ``--jit quick`` has the
+driver's JVM compile with C1 only: warm within a second, at about half the peak rate of a
+backlog (docs/performance.md#start-up). Exit 2 on bad
 arguments, 1 when Kafka or Redis does not answer or the query fails.
 """
 
