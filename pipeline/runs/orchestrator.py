@@ -259,12 +259,8 @@ class Pipeline:
         """Until every worker applied a micro-batch: the grouping sources' first transaction
         (a marker to every partition) went through the whole path -- Kafka, the Python
         workers, the Redis apply -- so the first records do not wait for it to warm up."""
-        workers = self.plan.workers
-
-        def every_worker_applied() -> bool:
-            return None not in self.store.applied_batches(workers)
-
-        self._wait_ready("work", every_worker_applied, timeout, poll=0.05)
+        applied = functools.partial(self._applied_since, [None] * self.plan.workers)
+        self._wait_ready("work", applied, timeout, poll=0.05)
         self.clock.mark("workers applied a batch")
 
     def warm_up_workers(self, batches: int, timeout: float = WORK_READY_SECONDS) -> None:
