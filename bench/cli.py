@@ -6,9 +6,13 @@ the machine), its PNG figures and its data as JSON. ``skewer bench speed`` measu
 simulation and planning speed into ``speed.md``. ``skewer bench worker`` races the worker stage
 against Spark's own windowed count into ``worker_stage.md``; ``skewer bench latency`` measures
 its latency under a paced stream, with and without two of its settings, into
-``worker_latency.md``. ``skewer bench e2e`` runs the live pipeline once per live scheme
-(services must answer) into ``end_to_end.md``; ``skewer bench migration`` runs each
-routing-table scheme live with its controller, and in the simulator, into ``migration.md``.
+``worker_latency.md``. ``skewer bench grouping`` measures the grouping stage against a
+consume-and-produce passthrough at each ``--commit-interval-ms`` into ``grouping_stage.md``.
+``skewer bench e2e`` runs the live pipeline once per live scheme (services must answer) into
+``end_to_end.md`` (``--trigger real-time``: the workers in Spark's Real-Time Mode); ``skewer
+bench triggers`` runs pkg and key under both triggers, saturated and paced, into
+``triggers.md``; ``skewer bench migration`` runs each routing-table scheme live with its
+controller, and in the simulator, into ``migration.md``.
 ``skewer bench scale`` runs the workers on 1, 2 and 4 Spark executors and the grouping stage on
 topics of 1 and 3 replicas into ``scale.md``. ``skewer bench startup`` times ``skewer demo``
 from the command to its first result, and a cold ``skewer work`` against a cold Spark
@@ -24,7 +28,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.cli.arguments import add_command, add_jit_argument, add_spark_master_argument
+from pipeline.cli.arguments import (
+    add_command,
+    add_commit_interval_argument,
+    add_jit_argument,
+    add_spark_master_argument,
+    add_trigger_argument,
+)
+from pipeline.io.config import TRIGGERS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,6 +72,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     latency.add_argument("--rounds", type=int, default=2, help="rounds of every setting (2)")
     latency.add_argument("--out", type=Path, help="output directory (default bench/results)")
     latency.set_defaults(handler=run_latency)
+    grouping = commands.add_parser(
+        "grouping",
+        help="the grouping stage against a consume-and-produce passthrough, per commit interval",
+    )
+    grouping.add_argument("--records", type=int, default=300_000, help="records (300000)")
+    grouping.add_argument("--repeats", type=int, default=3, help="pairs per measurement (3)")
+    grouping.add_argument("--only", nargs="+", metavar="SCHEME", help="these live schemes only")
+    add_commit_interval_argument(grouping, several=True)
+    grouping.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    grouping.set_defaults(handler=run_grouping)
     own = commands.add_parser(
         "own-topic", help="the grouping stage on a JSON and a bytes topic vs skewer's format"
     )
@@ -77,7 +98,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     e2e.add_argument("--out", type=Path, help="output directory (default bench/results)")
     add_spark_master_argument(e2e)
+    add_commit_interval_argument(e2e)
+    add_trigger_argument(e2e)
     e2e.set_defaults(handler=run_e2e)
+    triggers = commands.add_parser(
+        "triggers", help="micro-batches and Real-Time Mode side by side: capacity and latency"
+    )
+    triggers.add_argument(
+        "--trigger",
+        nargs="+",
+        choices=TRIGGERS,
+        default=list(TRIGGERS),
+        help="these triggers (both)",
+    )
+    triggers.add_argument("--seconds", type=float, default=20.0, help="per paced run (20)")
+    triggers.add_argument("--only", nargs="+", metavar="SCHEME", help="these schemes (pkg key)")
+    triggers.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    add_spark_master_argument(triggers)
+    triggers.set_defaults(handler=run_triggers)
     migration = commands.add_parser(
         "migration", help="routing-table schemes live: planning, migrated state, hold-back"
     )
@@ -232,6 +270,41 @@ def run_latency(args: argparse.Namespace) -> int:
     return _write(result, args.out, command, time.perf_counter() - began)
 
 
+def run_grouping(args: argparse.Namespace) -> int:
+    from bench import grouping_stage
+    from pipeline.cli.arguments import UsageError, require_at_least
+
+    intervals = args.commit_interval_ms
+    require_at_least(1, ("--records", args.records), ("--repeats", args.repeats))
+    require_at_least(1, *(("--commit-interval-ms", ms) for ms in intervals))
+    schemes = args.only or grouping_stage.live_schemes()
+    unknown = [s for s in schemes if s not in grouping_stage.live_schemes()]
+    if unknown:
+        raise UsageError(
+            f"--only: no live scheme {', '.join(unknown)}; live schemes: "
+            + ", ".join(grouping_stage.live_schemes())
+        )
+    command = _command(
+        args,
+        "--records",
+        str(args.records),
+        "--repeats",
+        str(args.repeats),
+        "--commit-interval-ms",
+        *map(str, intervals),
+    )
+    began = time.perf_counter()
+    result = grouping_stage.run(
+        records=args.records,
+        workers=grouping_stage.WORKERS,
+        schemes=schemes,
+        repeats=args.repeats,
+        commit_intervals_ms=intervals,
+        log=_log,
+    )
+    return _write(result, args.out, command, time.perf_counter() - began)
+
+
 def run_own_topic(args: argparse.Namespace) -> int:
     from bench import own_topic
     from pipeline.cli.arguments import require_at_least
@@ -245,11 +318,20 @@ def run_own_topic(args: argparse.Namespace) -> int:
 
 def run_e2e(args: argparse.Namespace) -> int:
     from bench import end_to_end
-    from pipeline.cli.arguments import UsageError, spark_master_from_args
+    from pipeline.cli.arguments import (
+        UsageError,
+        require_at_least,
+        spark_master_from_args,
+        trigger_from_args,
+    )
     from pipeline.io import config
+    from pipeline.io.kafka_io import COMMIT_INTERVAL_MS
     from pipeline.runs.orchestrator import PipelineError
 
+    require_at_least(1, ("--commit-interval-ms", args.commit_interval_ms))
     master = spark_master_from_args(args, config.load().spark_master)
+    interval = args.commit_interval_ms
+    trigger = trigger_from_args(args)
     command = _command(
         args,
         "--records",
@@ -258,21 +340,58 @@ def run_e2e(args: argparse.Namespace) -> int:
         f"{args.cpu_cost_us:g}",
         *(["--no-latency"] if args.no_latency else []),
         *(["--spark-master", master] if master != config.DEFAULT_SPARK_MASTER else []),
+        *(["--commit-interval-ms", str(interval)] if interval != COMMIT_INTERVAL_MS else []),
+        *(["--trigger", trigger] if trigger != config.MICRO_BATCH else []),
     )
     began = time.perf_counter()
     try:
         result = end_to_end.run(
+            trigger=trigger,
             records=args.records,
             cpu_cost_us=args.cpu_cost_us,
             schemes=args.only or end_to_end.LIVE_SCHEMES,
             latency_loads=() if args.no_latency else end_to_end.LATENCY_LOADS,
             spark_master=master,
+            commit_interval_ms=interval,
             log=_log,
         )
     except ValueError as error:
         raise UsageError(str(error)) from None
     except PipelineError as error:
         print(f"skewer bench e2e: error: {error}", file=sys.stderr)
+        return 1
+    return _write(result, args.out, command, time.perf_counter() - began)
+
+
+def run_triggers(args: argparse.Namespace) -> int:
+    from bench import triggers
+    from pipeline.cli.arguments import UsageError, spark_master_from_args
+    from pipeline.io import config
+    from pipeline.runs.orchestrator import PipelineError
+
+    if not args.seconds > 0:
+        raise UsageError(f"--seconds must be > 0, got {args.seconds}")
+    master = spark_master_from_args(args, config.load().spark_master)
+    command = _command(
+        args,
+        "--trigger",
+        *args.trigger,
+        *(["--seconds", f"{args.seconds:g}"] if args.seconds != triggers.SECONDS else []),
+        *(["--spark-master", master] if master != config.DEFAULT_SPARK_MASTER else []),
+    )
+    began = time.perf_counter()
+    try:
+        result = triggers.run(
+            triggers=args.trigger,
+            schemes=args.only or triggers.SCHEMES,
+            seconds=args.seconds,
+            spark_master=master,
+            log=_log,
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    except PipelineError as error:
+        print(f"skewer bench triggers: error: {error}", file=sys.stderr)
         return 1
     return _write(result, args.out, command, time.perf_counter() - began)
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from bench.experiment import ExperimentResult, method_markdown, or_dash, ratio_or_dash
 from operators.metrics import STEADY_FROM
+from pipeline.io.config import MICRO_BATCH, REAL_TIME
+from pipeline.io.kafka_io import COMMIT_INTERVAL_MS
 from pipeline.runs.latency import histogram_difference, reached_steady
 
 #: What the benchmark measures and how: the prose of bench/results/end_to_end.md.
@@ -139,13 +141,17 @@ class Trace:
 
 
 def traced_run(
-    plan: Any, settings: Any, environ: dict[str, str] | None = None
+    plan: Any,
+    settings: Any,
+    environ: dict[str, str] | None = None,
+    trace: Trace | None = None,
 ) -> tuple[Any, Trace]:
-    """:func:`pipeline.runs.orchestrator.run_pipeline`, sampling progress and latency;
-    ``environ`` the stages' environment (default: this process's)."""
+    """:func:`pipeline.runs.orchestrator.run_pipeline`, sampling progress and latency into
+    ``trace`` (default: a new :class:`Trace`); ``environ`` the stages' environment (default:
+    this process's)."""
     from pipeline.runs.orchestrator import run_pipeline
 
-    trace = Trace()
+    trace = Trace() if trace is None else trace
     summary = run_pipeline(
         plan,
         settings,
@@ -335,12 +341,16 @@ def run(
     schemes: Sequence[str] = LIVE_SCHEMES,
     latency_loads: Sequence[float] = LATENCY_LOADS,
     spark_master: str | None = None,
+    commit_interval_ms: int = COMMIT_INTERVAL_MS,
+    trigger: str = MICRO_BATCH,
     log: Callable[[str], None] = lambda _line: None,
 ) -> ExperimentResult:
     """One saturated pipeline run per scheme, then (unless ``latency_loads`` is empty) key,
     pkg and the best other scheme at each fixed offered load, and pkg's zero-cost capacity
     and latency at 25 % of it; the services must answer. The workers run on ``spark_master``
-    (default: the settings', ``local`` unless ``SKEWER_SPARK_MASTER`` says otherwise)."""
+    (default: the settings', ``local`` unless ``SKEWER_SPARK_MASTER`` says otherwise); the
+    grouping stage's transaction cadence is ``commit_interval_ms``, the workers' Spark trigger
+    ``trigger`` (Real-Time Mode has no micro-batch to cap)."""
     from pipeline.io import config
     from pipeline.runs.plan import plan_run
 
@@ -353,7 +363,11 @@ def run(
         "cpu_cost_us": cpu_cost_us,
         "spark_master": spark_master,
         "max_records_per_batch": batch_limit(cpu_cost_us),
+        "commit_interval_ms": commit_interval_ms,
+        "trigger": trigger,
     }
+    if trigger == REAL_TIME:
+        base["max_records_per_batch"] = None
 
     def measured(label: str, **fields: Any) -> dict[str, Any]:
         plan = plan_run(settings, run_prefix="bench", **{**base, **fields})
@@ -391,7 +405,7 @@ def run(
             scheme="pkg",
             records=ZERO_COST_RECORDS,
             cpu_cost_us=0.0,
-            max_records_per_batch=batch_limit(0.0),
+            max_records_per_batch=None,
         )
         capacity = saturated["steady_rate"] or saturated["throughput"]
         rate = 0.25 * capacity
@@ -399,7 +413,7 @@ def run(
             "pkg at zero cost, 25 %",
             scheme="pkg",
             cpu_cost_us=0.0,
-            max_records_per_batch=batch_limit(0.0),
+            max_records_per_batch=None,
             rate=rate,
             records=int(rate * LATENCY_SECONDS),
         )
@@ -412,6 +426,8 @@ def run(
     data = {
         "records": records,
         "cpu_cost_us": cpu_cost_us,
+        "commit_interval_ms": commit_interval_ms,
+        "trigger": trigger,
         "rows": rows,
         "latency_rows": latency_rows,
         "zero_cost": zero_cost,
@@ -431,5 +447,13 @@ def results_markdown(data: dict[str, Any], load_average: str) -> str:
     if data["zero_cost"] is not None:  # the latency runs ran
         latency = latency_markdown(data["latency_rows"], data["cpu_cost_us"], data["zero_cost"])
         body += "\n" + latency
+    interval = data.get("commit_interval_ms", COMMIT_INTERVAL_MS)
+    if interval != COMMIT_INTERVAL_MS:
+        body = (
+            f"The grouping stage ran with `--commit-interval-ms {interval}` (default "
+            f"{COMMIT_INTERVAL_MS}).\n\n" + body
+        )
+    if data.get("trigger", MICRO_BATCH) != MICRO_BATCH:
+        body = f"The workers ran with `--trigger {data['trigger']}`.\n\n" + body
     body = f"Load average (1, 5, 15 min) when the run started: {load_average}.\n\n" + body
     return method_markdown(METHOD) + "\n\n" + body

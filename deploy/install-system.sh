@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Debian packages skewer needs: Redis, Prometheus, a Java 17 runtime and Maven (Maven assembles
-# Kafka's classpath and Spark's Kafka source from Maven Central), and Python's venv module.
+# Debian packages skewer needs: Redis, Prometheus, a Java 17 JDK and Maven (Maven assembles
+# Kafka's classpath and Spark's Kafka source from Maven Central; the JDK's javac compiles the
+# real-time workers' writer, jvm/realtime-writer), and Python's venv module.
 #
 # With arguments COMMAND=PACKAGE ..., it installs only those packages whose command is missing,
 # the same way (`skewer services up --docker` asks for dockerd=docker.io).
@@ -17,10 +18,11 @@ declare -A package_of=(
   [redis-server]=redis-server
   [prometheus]=prometheus
   [java]=openjdk-17-jre-headless
+  [javac]=openjdk-17-jdk-headless
   [mvn]=maven
 )
 
-commands=(redis-server prometheus java mvn)
+commands=(redis-server prometheus java javac mvn)
 if [ "$#" -gt 0 ]; then
   package_of=()
   commands=()

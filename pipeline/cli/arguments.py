@@ -2,8 +2,9 @@
 
 One definition each of: the run's names (``--run-id``, ``--topic-prefix``), the scheme
 (``--scheme``, defaulting to ``$GROUPING_SCHEME``), the scheme's parameters (``--param``), the
-metrics exporter (``--metrics-port``, and ``--scheme`` as a label for stages that do not
-route), ``--json``, the ">= 1" checks of counts, and SIGTERM as a clean stop. Errors:
+grouping stage's transaction cadence (``--commit-interval-ms``), the metrics exporter
+(``--metrics-port``, and ``--scheme`` as a label for stages that do not route), ``--json``,
+the ">= 1" checks of counts, and SIGTERM as a clean stop. Errors:
 :class:`UsageError` is bad input (one line, exit 2); :func:`pipeline.cli.app.main` also maps a
 service that does not answer to exit 1. (layer: cli)
 
@@ -28,6 +29,7 @@ import re
 import signal
 from typing import TYPE_CHECKING
 
+from pipeline.io import kafka_io
 from pipeline.io.config import ENV_SPARK_MASTER, SCHEME_VARIABLE, check_spark_master
 from pipeline.observe.exporter import ENV_METRICS_PORT, UNKNOWN_SCHEME, port_number
 
@@ -59,6 +61,23 @@ def add_window_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window-ms", type=int, default=10_000, help="window length (10000)")
 
 
+def add_commit_interval_argument(parser: argparse.ArgumentParser, *, several: bool = False) -> None:
+    """``--commit-interval-ms``: the grouping stage's transaction cadence, the longest a source
+    waits for a batch to fill up (:data:`~pipeline.io.kafka_io.COMMIT_INTERVAL_MS`); with
+    ``several``, one value or more, as a list. Check it with :func:`require_at_least`."""
+    default = kafka_io.COMMIT_INTERVAL_MS
+    parser.add_argument(
+        "--commit-interval-ms",
+        type=int,
+        nargs="+" if several else None,
+        default=[default] if several else default,
+        metavar="MS",
+        help="how long the grouping stage waits at most to fill a batch (one Kafka "
+        "transaction) before it commits: shorter makes records visible sooner, in more and "
+        f"smaller transactions (default {default})",
+    )
+
+
 def add_spark_master_argument(parser: argparse.ArgumentParser) -> None:
     """``--spark-master``: where the workers' Spark tasks run (default ``$SKEWER_SPARK_MASTER``,
     else ``local``: threads of the ``skewer work`` process)."""
@@ -83,6 +102,29 @@ def add_jit_argument(parser: argparse.ArgumentParser, default: str | None) -> No
         help=f"the Spark driver's JIT: peak (C1 then C2) or quick (C1 only: warm within a "
         f"second, about half the peak rate of the JVM's part) (default: {chosen})",
     )
+
+
+def add_trigger_argument(parser: argparse.ArgumentParser) -> None:
+    """``--trigger``: the workers' Spark trigger (read with :func:`trigger_from_args`)."""
+    from pipeline.io.config import ENV_TRIGGER, TRIGGERS
+
+    parser.add_argument(
+        "--trigger",
+        choices=TRIGGERS,
+        help=f"the workers' Spark trigger: micro-batch, or real-time (Spark's Real-Time Mode, "
+        f"milliseconds per record) (default: ${ENV_TRIGGER}, else micro-batch)",
+    )
+
+
+def trigger_from_args(args: argparse.Namespace) -> str:
+    """``--trigger``, else ``$SKEWER_TRIGGER``, else micro-batch; a :class:`UsageError` for a
+    variable that names no trigger."""
+    from pipeline.io.config import SettingsError, resolve_trigger
+
+    try:
+        return resolve_trigger(args.trigger)
+    except SettingsError as error:
+        raise UsageError(str(error)) from None
 
 
 def spark_master_from_args(args: argparse.Namespace, default: str) -> str:

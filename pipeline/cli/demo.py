@@ -31,11 +31,13 @@ from typing import TYPE_CHECKING, TextIO
 
 from pipeline.cli.arguments import (
     add_command,
+    add_commit_interval_argument,
     add_input_topic_arguments,
     add_jit_argument,
     add_param_argument,
     add_scheme_argument,
     add_spark_master_argument,
+    add_trigger_argument,
 )
 from producers.workloads import DEFAULT_WORKLOAD
 
@@ -61,6 +63,7 @@ PLAN_FLAGS = (
     "topic_prefix",
     "control_interval",
     "control_every",
+    "commit_interval_ms",
 )
 
 
@@ -113,6 +116,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="routing-table schemes: a round every N records routed instead, each source "
         "reporting after every N/S of its own (the simulator's rounds)",
     )
+    add_commit_interval_argument(parser)
     add_input_topic_arguments(parser)
     parser.add_argument("--verify", action="store_true", help="exit 1 unless counts are exact")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -134,6 +138,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     add_spark_master_argument(parser)
     add_jit_argument(parser, None)
+    add_trigger_argument(parser)
     parser.set_defaults(handler=run)
 
 
@@ -169,7 +174,12 @@ class ProgressPrinter:
 def plan_from_args(args: argparse.Namespace, settings: Settings) -> RunPlan:
     """The run the flags describe (:func:`pipeline.runs.plan.plan_run`); UsageError with one
     line for a bad one."""
-    from pipeline.cli.arguments import UsageError, spark_master_from_args, user_topic_from_args
+    from pipeline.cli.arguments import (
+        UsageError,
+        spark_master_from_args,
+        trigger_from_args,
+        user_topic_from_args,
+    )
     from pipeline.io import config
     from pipeline.runs.plan import plan_run
 
@@ -192,6 +202,7 @@ def plan_from_args(args: argparse.Namespace, settings: Settings) -> RunPlan:
     try:
         return plan_run(
             settings,
+            trigger=trigger_from_args(args),
             run_id=args.run_id,
             spark_master=spark_master,
             scheme=scheme,

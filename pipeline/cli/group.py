@@ -5,8 +5,9 @@ Layer: cli.
 S sources, one per partition of ``keys``, each with its own scheme object; the scheme is
 ``--scheme``, else the environment variable ``GROUPING_SCHEME``, else ``key``. Records are
 validated (bad ones go to ``dead-letters`` with a reason), routed in batches and written to
-``work`` exactly once (one Kafka transaction per batch, with the consumed offset). One source
-runs in this process; several run as one process each (``--source s ...`` picks some).
+``work`` exactly once (one Kafka transaction per batch, with the consumed offset; a batch waits
+at most ``--commit-interval-ms`` to fill up, 100 by default). One source runs in this process;
+several run as one process each (``--source s ...`` picks some).
 ``--until-end`` exits once END_OF_STREAM of the source's producers is forwarded. Exit 2 on a
 bad scheme, W or topic, 1 when Kafka or Redis does not answer or a source fails.
 
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.cli.arguments import (
     add_command,
+    add_commit_interval_argument,
     add_input_topic_arguments,
     add_param_argument,
     add_scheme_argument,
@@ -58,6 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--source", type=int, nargs="+", metavar="s", help="run only these sources (0..S-1)"
     )
     parser.add_argument("--batch-size", type=int, default=20_000, help="records per transaction")
+    add_commit_interval_argument(parser)
     add_param_argument(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of the scheme objects")
     parser.add_argument(
@@ -89,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.io import config, kafka_io
     from pipeline.stages import grouping
 
+    require_at_least(1, ("--commit-interval-ms", args.commit_interval_ms))
     scheme = config.resolve_scheme(args.scheme, DEFAULT_SCHEME)
     settings = config.load()
     user_topic = user_topic_from_args(args, window_ms=args.window_ms, lateness_ms=args.lateness_ms)
@@ -118,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         params=parse_params(args.param),
         seed=args.seed,
         batch_size=args.batch_size,
+        commit_interval_ms=args.commit_interval_ms,
         control_every=args.control_every,
         until_end=args.until_end,
         input=user_topic,

@@ -13,7 +13,9 @@ small machine behave like W machines. ``--checkpoint DIR`` is Spark's checkpoint
 number of grouping sources (default: the partition count of topic ``keys``, or of the user's
 topic a grouping stage with ``--input-topic`` recorded for the run). ``--jit quick`` has the
 driver's JVM compile with C1 only: warm within a second, at about half the peak rate of a
-backlog (docs/performance.md#start-up). Exit 2 on bad
+backlog (docs/performance.md#start-up). ``--trigger real-time`` (or ``$SKEWER_TRIGGER``) runs
+the workers in Spark's Real-Time Mode: each record applied within milliseconds, by a writer in
+the JVM (docs/design.md#real-time-mode). Exit 2 on bad
 arguments, 1 when Kafka or Redis does not answer or the query fails.
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import time
@@ -32,9 +35,11 @@ from pipeline.cli.arguments import (
     add_jit_argument,
     add_spark_master_argument,
     add_stage_arguments,
+    add_trigger_argument,
     add_window_argument,
     spark_master_from_args,
     stop_on_sigterm,
+    trigger_from_args,
 )
 from pipeline.observe import workers as worker_metrics
 from pipeline.observe.exporter import scheme_label, start_exporter
@@ -75,6 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_spark_master_argument(parser)
     add_jit_argument(parser, "peak")
+    add_trigger_argument(parser)
     add_stage_arguments(parser, scheme_label=True, until_end="stop at END_OF_STREAM")
     parser.add_argument("--verbose", action="store_true", help="a line per micro-batch")
     parser.set_defaults(handler=run)
@@ -106,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.cli.arguments import UsageError
     from pipeline.io import config, kafka_io
     from pipeline.io.redis_client import connect_redis
+    from pipeline.io.state_store import StateStore
     from pipeline.stages import worker_job
 
     settings = config.load()
@@ -128,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         tasks=args.tasks,
         spark_master=spark_master_from_args(args, settings.spark_master),
         jit=args.jit,
+        trigger=trigger_from_args(args),
     )
     try:
         options.validate()
@@ -149,8 +157,12 @@ def run(args: argparse.Namespace) -> int:
     scheme = scheme_label(args.scheme)
     exporter = start_exporter("work", args.run_id, scheme, args.metrics_port)
     if exporter.enabled:  # the workers' series: Redis and Kafka, read at each scrape
+        applied = None
+        if options.trigger == config.REAL_TIME:  # its checkpoint lags by up to an interval
+            store = StateStore.from_url(settings.redis_url, args.run_id)
+            applied = functools.partial(store.applied_batches, args.workers)
         lag = worker_metrics.WorkTopicLag(
-            settings.kafka_bootstrap, names.work_topic, args.workers, options.checkpoint
+            settings.kafka_bootstrap, names.work_topic, args.workers, options.checkpoint, applied
         )
         exporter.register(
             worker_metrics.WorkerCollector(exporter.labels, args.workers, settings.redis_url, lag)
@@ -168,8 +180,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"run_id": args.run_id, "workers": args.workers, **vars(summary)}))
     else:
+        real_time = options.trigger == config.REAL_TIME
+        batches = "real-time batch(es)" if real_time else "micro-batch(es)"
         print(
-            f"worker job: {summary.batches} micro-batch(es) in {summary.seconds:.1f} s, "
+            f"worker job: {summary.batches} {batches} in {summary.seconds:.1f} s, "
             f"records per worker {summary.processed} (total {sum(summary.processed):,})"
             + ("" if summary.finished else ", stopped before END_OF_STREAM")
         )

@@ -2,9 +2,11 @@
 
 - Kafka's classpath (deploy/kafka/pom.xml) into ``.cache/kafka/libs``: the native broker runs
   ``java -cp libs/* kafka.Kafka`` from it.
-- Spark's Kafka source, Apache's ``spark-sql-kafka-0-10`` at exactly PySpark's version, with
-  what PySpark's own jars lack (deploy/spark/pom.xml), into ``.cache/spark-jars``: every Spark
-  session puts them in ``spark.jars``.
+- Spark's Kafka source, Apache's ``spark-sql-kafka-0-10`` at exactly PySpark's version, and
+  Redis's Java client, with what PySpark's own jars lack (deploy/spark/pom.xml), into
+  ``.cache/spark-jars``: every Spark session puts them in ``spark.jars``.
+- The real-time workers' writer (jvm/realtime-writer), compiled by the JDK's ``javac`` against
+  those jars and PySpark's into one jar, when a real-time run first needs it.
 
 Maven's local repository lives in the cache too, so one ``rm -rf .cache`` is a cold start, and
 the Docker image build reuses the same call (``skewer services install``).
@@ -115,3 +117,44 @@ def ensure_spark_jars(settings: Settings | None = None) -> list[Path]:
 
 # --------------------------------------------------------------------------------------------
 # up / down / status
+
+
+#: The Java sources of the real-time workers' writer (pipeline.stages.worker_job).
+REALTIME_WRITER_SOURCES = config.PROJECT_ROOT / "jvm" / "realtime-writer" / "src" / "main" / "java"
+
+
+def ensure_realtime_writer(settings: Settings | None = None) -> Path:
+    """The writer's jar, compiled once per version of its sources and of the jars it uses.
+
+    ``javac`` and ``jar`` are the JDK's own; like :func:`_maven_copy`, a marker holds a digest
+    of the inputs, so an unchanged writer costs nothing."""
+    settings = settings or config.load()
+    classpath = [*sorted((_pyspark_home() / "jars").glob("*.jar")), *ensure_spark_jars(settings)]
+    sources = sorted(REALTIME_WRITER_SOURCES.rglob("*.java"))
+    digest = hashlib.sha256()
+    for path in sources:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for jar in classpath:
+        digest.update(jar.name.encode() + b"\0")
+    jar_path = settings.realtime_writer_jar
+    marker = jar_path.with_suffix(".sha256")
+    if jar_path.exists() and marker.exists() and marker.read_text().strip() == digest.hexdigest():
+        return jar_path
+    javac, jar_tool = shutil.which("javac"), shutil.which("jar")
+    if javac is None or jar_tool is None:
+        raise ArtifactError("the real-time writer: javac is not installed; run `make install`")
+    classes = jar_path.parent / "classes"
+    shutil.rmtree(classes, ignore_errors=True)
+    classes.mkdir(parents=True)
+    compile_command = [
+        javac, "--release", "17", "-nowarn", "-d", str(classes),
+        "-cp", ":".join(map(str, classpath)), *map(str, sources),
+    ]  # fmt: skip
+    result = subprocess.run(compile_command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        first = (result.stderr.strip().splitlines() or ["no output"])[0]
+        raise ArtifactError(f"the real-time writer did not compile: {first}")
+    subprocess.run([jar_tool, "--create", "--file", str(jar_path), "-C", str(classes), "."],
+                   check=True)  # fmt: skip
+    marker.write_text(digest.hexdigest() + "\n")
+    return jar_path

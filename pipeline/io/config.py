@@ -378,6 +378,11 @@ class Settings:
         return self.cache_dir / "spark-jars"
 
     @property
+    def realtime_writer_jar(self) -> Path:
+        """The real-time workers' writer (jvm/realtime-writer), compiled here on first use."""
+        return self.cache_dir / "realtime-writer" / "skewer-realtime-writer.jar"
+
+    @property
     def prometheus_targets_dir(self) -> Path:
         """Where each stage's exporter writes its file_sd target file and the native Prometheus
         looks for them."""
@@ -398,6 +403,34 @@ def resolve_scheme(flag: str | None, default: str, environ: Mapping[str, str] | 
     """
     env = os.environ if environ is None else environ
     return (flag or "").strip() or env.get(SCHEME_VARIABLE, "").strip() or default
+
+
+#: The workers' triggers (``skewer work --trigger``, else this variable, else micro-batch):
+#: Spark's micro-batches, or Spark's Real-Time Mode (docs/design.md#real-time-mode).
+ENV_TRIGGER = "SKEWER_TRIGGER"
+MICRO_BATCH, REAL_TIME = "micro-batch", "real-time"
+TRIGGERS = (MICRO_BATCH, REAL_TIME)
+
+
+def resolve_trigger(flag: str | None, environ: Mapping[str, str] | None = None) -> str:
+    """The workers' trigger in force: ``--trigger``, else ``$SKEWER_TRIGGER``, else
+    micro-batch; a :class:`SettingsError` (one line) for anything else.
+
+    >>> resolve_trigger(None, {"SKEWER_TRIGGER": "real-time"}), resolve_trigger(None, {})
+    ('real-time', 'micro-batch')
+    >>> resolve_trigger(None, {"SKEWER_TRIGGER": "fast"})
+    Traceback (most recent call last):
+    ...
+    pipeline.io.config.SettingsError: SKEWER_TRIGGER='fast' is not one of micro-batch, real-time
+    """
+    env = os.environ if environ is None else environ
+    if flag:
+        chosen, named = flag, "--trigger"
+    else:
+        chosen, named = env.get(ENV_TRIGGER, "").strip() or MICRO_BATCH, ENV_TRIGGER
+    if chosen not in TRIGGERS:
+        raise SettingsError(f"{named}={chosen!r} is not one of {', '.join(TRIGGERS)}")
+    return chosen
 
 
 class SettingsError(ValueError):

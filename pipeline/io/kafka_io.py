@@ -102,6 +102,14 @@ def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
     return config
 
 
+#: The grouping stage's transaction cadence in ms (``skewer group --commit-interval-ms``): the
+#: longest a source waits for a batch to fill up. While fewer than a batch's worth of records
+#: arrive per interval, a source commits a transaction about this often, so a ``work`` record
+#: waits about this long before read_committed readers see it; a shorter interval commits more,
+#: smaller transactions (bench/results/grouping_stage.md measures the cost).
+COMMIT_INTERVAL_MS = 100
+
+
 def transactional_producer_config(
     bootstrap: str, transactional_id: str, **overrides: Any
 ) -> dict[str, Any]:

@@ -93,7 +93,8 @@ class RunKeys:
         return f"{self.prefix}{kind}:*"
 
     def applied(self, worker: int) -> str:
-        """The last micro-batch id ``worker`` applied."""
+        """The last micro-batch id ``worker`` applied (in Real-Time Mode: the last Kafka offset
+        of its partition)."""
         return f"{self.prefix}applied:{worker}"
 
     def wm(self, worker: int) -> str:
@@ -210,26 +211,35 @@ class RunKeys:
 # -- the scripts: ARGV[1] is the run's prefix, and each builds its keys from it exactly as
 # -- RunKeys does above.
 
-#: ARGV: prefix, worker, batch id, S, with sums (0|1), n_pairs, (window, key, count[, sum]) *
+#: ARGV: prefix, worker, first, last, S, with sums (0|1), n_pairs, (window, key, count[, sum]) *
 #: n_pairs (the sum only with sums), n_marks,
 #: (source, watermark) * n_marks, records, rejected, n_buckets, (bucket, count) * n_buckets,
 #: n_switches, (source, table version) * n_switches, busy-until (ms; 0 = none).
-#: Returns 1 when applied, 0 when the batch was applied before.
+#: Returns 1 when applied, 0 when applied before, -1 when partly applied before.
+#:
+#: ``first`` and ``last`` guard the apply against ``applied:{worker}``, the last one applied:
+#: a micro-batch's id twice (docs/design.md#applying-a-micro-batch), or in Real-Time Mode the
+#: first and last Kafka offsets of the rows (docs/design.md#real-time-mode). Rows are applied
+#: only when all of them are beyond it; -1 tells a real-time writer to drop those that are not
+#: and apply the rest.
 #:
 #: A (window, key) whose key is in ``ctl:pending:{worker}`` (it migrates here and its state has
 #: not arrived yet; docs/design.md#migration-protocol) is held back: counted in
 #: ``held:{worker}:{window}`` (its sum in ``heldsum:``) instead of the state, until the
 #: migration moves the state here and releases it.
 APPLY_SCRIPT = """
-local prefix, worker, batch = ARGV[1], ARGV[2], ARGV[3]
+local prefix, worker, first, last = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local applied_key = prefix .. 'applied:' .. worker
-local last = redis.call('GET', applied_key)
-if last and tonumber(last) >= tonumber(batch) then return 0 end
-local n_sources = tonumber(ARGV[4])
+local done = redis.call('GET', applied_key)
+if done then
+  if tonumber(done) >= tonumber(last) then return 0 end
+  if tonumber(done) >= first then return -1 end
+end
+local n_sources = tonumber(ARGV[5])
 local closed_set = prefix .. 'windows:closed'
-local with_sums = ARGV[5] == '1'
+local with_sums = ARGV[6] == '1'
 local width = with_sums and 4 or 3
-local i = 6
+local i = 7
 local n_pairs = tonumber(ARGV[i]); i = i + 1
 local late, held = 0, 0
 local closed = {}
@@ -308,7 +318,7 @@ if held > 0 then
   end
 end
 redis.call('HINCRBY', prefix .. 'stats:batches', worker, 1)
-redis.call('SET', applied_key, batch)
+redis.call('SET', applied_key, last)
 return 1
 """
 

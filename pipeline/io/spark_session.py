@@ -30,6 +30,7 @@ import hashlib
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -142,6 +143,7 @@ def build_spark_session(
     settings: config.Settings | None = None,
     extra_conf: dict[str, str] | None = None,
     jit: str = "peak",
+    extra_jars: Sequence[Path] = (),
 ) -> SparkSession:
     """A SparkSession on ``master`` that can read and write Kafka, its driver JVM compiling as
     ``jit`` says (:data:`JIT_MODES`; on a local master the driver runs the tasks too).
@@ -159,7 +161,7 @@ def build_spark_session(
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    jars = ",".join(str(jar) for jar in kafka_source_jars(settings))
+    jars = ",".join(str(jar) for jar in [*kafka_source_jars(settings), *extra_jars])
     java_options = driver_java_options(settings or config.load(), jit)
     builder = (
         SparkSession.builder.appName(app_name)

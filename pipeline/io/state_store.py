@@ -69,7 +69,8 @@ class WorkerBatch:
 
     def script_args(self, prefix: str, n_sources: int) -> list[bytes | str | int]:
         """ARGV of the apply script (layout in :data:`APPLY_SCRIPT`)."""
-        args: list[bytes | str | int] = [prefix, self.worker, self.batch_id, n_sources]
+        args: list[bytes | str | int] = [prefix, self.worker, self.batch_id, self.batch_id]
+        args.append(n_sources)
         args += (0 if self.sums is None else 1, len(self.windows))
         pairs = zip(self.windows.tolist(), self.keys.to_list(), self.counts.tolist(), strict=True)
         if self.sums is None:

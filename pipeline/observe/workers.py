@@ -214,13 +214,23 @@ CONNECT_TIMEOUT_SECONDS = 10.0
 
 class WorkTopicLag:
     """End offsets of topic ``work`` (read_committed: the last stable offset) against the
-    offsets the streaming query committed (its checkpoint)."""
+    offsets the streaming query committed (its checkpoint), or with ``applied`` (Real-Time
+    Mode, whose checkpoint logs offsets only at the end of each checkpoint interval) the
+    offset after the last one each worker applied."""
 
-    def __init__(self, bootstrap: str, topic: str, n_workers: int, checkpoint: Path) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        n_workers: int,
+        checkpoint: Path,
+        applied: Callable[[], list[int | None]] | None = None,
+    ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.n_workers = n_workers
         self.checkpoint = checkpoint
+        self.applied = applied
         self._consumer: Any = None
 
     def end_offsets(self) -> list[int]:
@@ -249,7 +259,12 @@ class WorkTopicLag:
         ]
 
     def __call__(self) -> list[int]:
-        return lag_per_partition(self.end_offsets(), committed_offsets(self.checkpoint, self.topic))
+        if self.applied is not None:
+            last = self.applied()
+            consumed = {p: offset + 1 for p, offset in enumerate(last) if offset is not None}
+        else:
+            consumed = committed_offsets(self.checkpoint, self.topic)
+        return lag_per_partition(self.end_offsets(), consumed)
 
     def close(self) -> None:
         if self._consumer is not None:

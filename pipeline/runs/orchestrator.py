@@ -59,6 +59,10 @@ WORK_READY_SECONDS = 180.0
 #: its first micro-batches (scheduling, the Python workers' hand-over, the logs) several times
 #: slower than later ones, and a slow batch makes the next one bigger (docs/performance.md).
 WARM_UP_BATCHES = 5
+#: Markers per ``work`` partition in each warm-up batch in Real-Time Mode, where a batch is a
+#: writer's apply: enough rows for the JVM to compile the writer's per-row path before the
+#: first records (a few dozen do not).
+REAL_TIME_WARM_UP_ROWS = 400
 #: Seconds a stage gets to exit after SIGTERM before SIGKILL (Spark stops its query first).
 STOP_GRACE_SECONDS = 15.0
 
@@ -247,11 +251,17 @@ class Pipeline:
         self.log(f"Spark workers ready after {time.monotonic() - began:.1f} s")
 
     def wait_work_ready(self, timeout: float = WORK_READY_SECONDS) -> None:
-        """Until Spark committed a micro-batch in the run's checkpoint (raises if work died)."""
-        commits = self.plan.checkpoint_dir(self.settings) / "commits"
-        self._wait_ready(
-            "work", lambda: commits.is_dir() and any(commits.iterdir()), timeout, poll=0.05
-        )
+        """Until Spark committed a micro-batch in the run's checkpoint (raises if work died).
+
+        In Real-Time Mode a batch commits only at the end of its checkpoint interval and logs
+        its offsets then: the workers are ready once each applied a marker."""
+        if self.plan.trigger == config.REAL_TIME:
+            self._put_markers_through(1, timeout)
+        else:
+            commits = self.plan.checkpoint_dir(self.settings) / "commits"
+            self._wait_ready(
+                "work", lambda: commits.is_dir() and any(commits.iterdir()), timeout, poll=0.05
+            )
         # As this poll sees the first commit file: at most 0.05 s late.
         self.clock.mark("Spark workers ready")
 
@@ -269,7 +279,16 @@ class Pipeline:
         for until every worker applied a later batch than before it. A watermark only ever
         rises, and the run's own producers stamp every record after 1970, so these markers
         change no watermark and no count; they run the driver's per-batch path until it is as
-        fast as it will be."""
+        fast as it will be. In Real-Time Mode each batch is :data:`REAL_TIME_WARM_UP_ROWS`
+        markers per partition, for the writers' per-row path."""
+        real_time = self.plan.trigger == config.REAL_TIME
+        self._put_markers_through(batches, timeout, REAL_TIME_WARM_UP_ROWS if real_time else 1)
+        self.clock.mark("workers warmed up")
+
+    def _put_markers_through(self, batches: int, timeout: float, rows: int = 1) -> None:
+        """``batches`` times: ``rows`` harmless WATERMARK markers (:meth:`warm_up_workers`) to
+        every ``work`` partition, then wait until every worker applied a later batch than
+        before."""
         from confluent_kafka import Producer
 
         from pipeline.io.records import Kind, encode_marker
@@ -282,11 +301,11 @@ class Pipeline:
         for _ in range(batches):
             before = self.store.applied_batches(workers)
             for partition in range(workers):
-                producer.produce(topic, value=marker, partition=partition)
+                for _ in range(rows):
+                    producer.produce(topic, value=marker, partition=partition)
             producer.flush(timeout)
             applied = functools.partial(self._applied_since, before)
             self._wait_ready("work", applied, timeout, poll=0.01)
-        self.clock.mark("workers warmed up")
 
     def _applied_since(self, before: list[int | None]) -> bool:
         """Whether every worker applied a later micro-batch than in ``before``."""

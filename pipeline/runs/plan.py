@@ -85,6 +85,10 @@ class RunPlan:
     tasks: int | None = None
     #: How the workers' driver JVM compiles (``skewer work --jit``); None: :attr:`worker_jit`.
     jit: str | None = None
+    #: The grouping stage's transaction cadence (``skewer group --commit-interval-ms``).
+    commit_interval_ms: int = kafka_io.COMMIT_INTERVAL_MS
+    #: The workers' Spark trigger (``skewer work --trigger``: micro-batch or real-time).
+    trigger: str = config.MICRO_BATCH
 
     @property
     def worker_jit(self) -> str:
@@ -165,6 +169,7 @@ class RunPlan:
             ("--workers", self.workers),
             ("--sources", self.sources),
             ("--window", self.window_ms),
+            ("--commit-interval-ms", self.commit_interval_ms),
         ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -178,6 +183,14 @@ class RunPlan:
             raise ValueError(f"--rate must be > 0, got {self.rate}")
         if not self.event_rate > 0:
             raise ValueError(f"--event-rate must be > 0, got {self.event_rate}")
+        if self.trigger not in config.TRIGGERS:
+            raise ValueError(
+                f"--trigger must be one of {', '.join(config.TRIGGERS)}, got {self.trigger!r}"
+            )
+        if self.trigger == config.REAL_TIME and self.sum:
+            raise ValueError(
+                "--sum is for --trigger micro-batch: the real-time writer does not sum"
+            )
         if self.jit is not None and self.jit not in JIT_MODES:
             raise ValueError(f"--jit must be one of {', '.join(JIT_MODES)}, got {self.jit!r}")
         # RunKeys refuses run ids that would break key names or glob patterns.
@@ -208,6 +221,7 @@ class RunPlan:
             n_workers=self.workers,
             n_sources=self.sources,
             params=parse_params(list(self.params)),
+            commit_interval_ms=self.commit_interval_ms,
             input=self.user_topic(),
             replication=settings.kafka_replication,
         )
@@ -232,6 +246,8 @@ class RunPlan:
             out = ["group", "--scheme", self.scheme, *workers, "--sources", str(self.sources)]
             if self.control_every is not None:
                 out += ["--control-every", str(self.control_every)]
+            if self.commit_interval_ms != kafka_io.COMMIT_INTERVAL_MS:
+                out += ["--commit-interval-ms", str(self.commit_interval_ms)]
             if self.input_topic is not None:
                 out += ["--input-topic", self.input_topic, "--key", self.key]
                 out += ["--time", self.time, *window, "--lateness-ms", str(self.lateness_ms)]
@@ -249,6 +265,7 @@ class RunPlan:
             if self.max_records_per_batch is not None:
                 out += ["--max-records-per-batch", str(self.max_records_per_batch)]
             out += ["--spark-master", self.spark_master, "--jit", self.worker_jit]
+            out += ["--trigger", self.trigger]
             if self.tasks is not None:
                 out += ["--tasks", str(self.tasks)]
             return [*out, *run, "--until-end", "--verbose", "--json"]
@@ -283,6 +300,7 @@ class RunPlan:
             spark_master=self.spark_master,
             tasks=self.tasks,
             jit=self.worker_jit,
+            trigger=self.trigger,
         )
 
 

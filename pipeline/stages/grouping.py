@@ -34,6 +34,7 @@ from pipeline.io import kafka_io, records
 from pipeline.io.control_store import ControlPlane, now_ms
 from pipeline.io.dead_letters import REASONS
 from pipeline.io.grouping_store import GroupingStore
+from pipeline.io.kafka_io import COMMIT_INTERVAL_MS
 from pipeline.io.records import Kind
 from pipeline.io.redis_client import connect_redis
 from pipeline.services import process
@@ -63,8 +64,8 @@ if TYPE_CHECKING:
 
 # Names the stage's callers import from here, though their homes are its parts.
 __all__ = [
+    "COMMIT_INTERVAL_MS",
     "DEFAULT_BATCH_SIZE",
-    "MAX_BATCH_SECONDS",
     "REASONS",
     "BatchOutput",
     "GroupingSource",
@@ -81,9 +82,6 @@ __all__ = [
 ]
 
 DEFAULT_BATCH_SIZE = 20_000
-#: Time bound of a batch: at low rates, a transaction commits at least this often, so a
-#: ``work`` record waits at most this long before read_committed workers can see it.
-MAX_BATCH_SECONDS = 0.1
 #: Times the stage starts one stuck source again before it gives up.
 MAX_SOURCE_RESTARTS = 3
 
@@ -101,9 +99,9 @@ class StageConfig:
     params: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     batch_size: int = DEFAULT_BATCH_SIZE
-    #: The longest a batch (one transaction) waits to fill up: a quiet stream still commits
-    #: this often, and read_committed readers see nothing before a commit.
-    poll_timeout: float = MAX_BATCH_SECONDS
+    #: The longest a batch (one transaction) waits to fill up, in ms: a quiet stream still
+    #: commits this often, and read_committed readers see nothing before a commit.
+    commit_interval_ms: int = COMMIT_INTERVAL_MS
     until_end: bool = False
     #: Seconds between two looks at the control plane (routing-table schemes only).
     control_poll: float = 0.1
@@ -253,9 +251,10 @@ class GroupingSource:
         began = time.perf_counter()
         self.start()
         checkpoint = self.checkpoint
+        poll_timeout = self.config.commit_interval_ms / 1000
         try:
             while not should_stop() and not (self.config.until_end and self.watermark.ended):
-                messages = checkpoint.consume(self.config.batch_size, self.config.poll_timeout)
+                messages = checkpoint.consume(self.config.batch_size, poll_timeout)
                 if self.tables is not None:
                     self.tables.poll()
                 if messages or self._switch_pending:

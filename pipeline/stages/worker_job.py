@@ -28,14 +28,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.io import config, kafka_security, records
+from pipeline.io.config import MICRO_BATCH, REAL_TIME, TRIGGERS
 from pipeline.io.spark_session import JIT_MODES, is_local
 from pipeline.io.state_store import StateStore
+from pipeline.stages import worker_realtime
+from pipeline.stages.worker_realtime import RealTimeSettings
 from pipeline.stages.worker_task import (
     SUMMARY_SCHEMA,
     PartitionProcessor,
     TaskSummary,
     WorkerConfigError,
     WorkerJobError,
+    run_amounts,
 )
 
 if TYPE_CHECKING:
@@ -99,9 +103,16 @@ class WorkOptions:
     #: :data:`pipeline.io.spark_session.JIT_MODES`): ``peak`` for a backlog, ``quick`` for a
     #: paced stream far below capacity, whose first records then wait no longer than later ones.
     jit: str = "peak"
+    #: ``micro-batch`` (Spark's default trigger, a Python task per micro-batch) or ``real-time``
+    #: (Spark's Real-Time Mode, a JVM writer per worker: :mod:`pipeline.stages.worker_realtime`).
+    trigger: str = MICRO_BATCH
+    #: How the real-time writer batches its applies (``trigger`` real-time only).
+    realtime: RealTimeSettings = field(default_factory=RealTimeSettings)
 
     @property
     def task_count(self) -> int:
+        if self.trigger == REAL_TIME:
+            return self.workers  # Real-Time Mode runs one long task per Kafka partition
         if self.tasks is not None:
             return self.tasks
         return default_tasks(self.workers) if is_local(self.spark_master) else self.workers
@@ -121,6 +132,16 @@ class WorkOptions:
             raise WorkerConfigError(f"fetch.max.wait.ms must be >= 0, got {self.fetch_max_wait_ms}")
         if self.tasks is not None and not 1 <= self.tasks <= self.workers:
             raise WorkerConfigError(f"--tasks must be in 1..W={self.workers}, got {self.tasks}")
+        if self.trigger not in TRIGGERS:
+            raise WorkerConfigError(
+                f"--trigger must be one of {', '.join(TRIGGERS)}, got {self.trigger!r}"
+            )
+        if self.trigger == REAL_TIME and self.max_records_per_batch is not None:
+            raise WorkerConfigError("--max-records-per-batch is for --trigger micro-batch only")
+        if self.trigger == REAL_TIME and self.tasks not in (None, self.workers):
+            raise WorkerConfigError(
+                f"--trigger real-time runs one task per worker: --tasks must be W={self.workers}"
+            )
         if self.jit not in JIT_MODES:
             raise WorkerConfigError(
                 f"--jit must be one of {', '.join(JIT_MODES)}, got {self.jit!r}"
@@ -165,20 +186,42 @@ def checkpoint_is_fresh(checkpoint: Path) -> bool:
 
 
 def prepare(options: WorkOptions, store: StateStore) -> None:
-    """Refuse a start that would break exactness: a different window length than the run's,
-    or a fresh checkpoint for a run whose workers already applied batches (its batch ids would
-    restart at 0 and every batch would be skipped as already applied)."""
+    """Refuse a start that would break exactness: a different window length, worker count or
+    trigger than the run's, or on the micro-batch path a fresh checkpoint for a run whose
+    workers already applied batches (its batch ids would restart at 0 and every batch would be
+    skipped as already applied)."""
     options.validate()
-    differing = store.claim_config(window_ms=options.window_ms, workers=options.workers)
+    differing = store.claim_config(
+        window_ms=options.window_ms,
+        workers=options.workers,
+        real_time=int(options.trigger == REAL_TIME),
+    )
     if differing:
         name, (recorded, given) = next(iter(differing.items()))
         raise WorkerConfigError(
             f"run {options.run_id!r} uses {name}={recorded}, not {given} (use another --run-id)"
         )
-    if checkpoint_is_fresh(options.checkpoint) and store.any_applied(options.workers):
+    # Real-time applies are guarded by Kafka offsets, not batch ids: a new checkpoint starts
+    # at the earliest offsets and the writers skip what Redis applied (a real-time batch logs
+    # its offsets only when it ends, so a driver killed in its first batch leaves none).
+    if options.trigger == REAL_TIME:
+        refuse_sums_in_real_time(store)
+    fresh = checkpoint_is_fresh(options.checkpoint) and options.trigger != REAL_TIME
+    if fresh and store.any_applied(options.workers):
         raise WorkerConfigError(
             f"run {options.run_id!r} already has worker state, but checkpoint "
             f"{options.checkpoint} is new: restart with the run's checkpoint or a new --run-id"
+        )
+
+
+def refuse_sums_in_real_time(store: StateStore) -> None:
+    """:class:`WorkerConfigError` if the run's grouping stage reads a user's topic with
+    ``--sum``: the real-time writer runs in the JVM, and the extractors that read amounts from
+    users' values are skewer's compiled Python ones (docs/design.md#real-time-mode)."""
+    if run_amounts(store) is not None:
+        raise WorkerConfigError(
+            "--trigger real-time does not sum amounts (--sum): the writer in Spark's JVM does not "
+            "read users' values; run this run's workers with --trigger micro-batch"
         )
 
 
@@ -204,9 +247,27 @@ def start_query(
     )
     if options.max_records_per_batch is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(options.max_records_per_batch))
-    stream = reader.load().select(
-        "partition", "key", "value", functions.expr("unix_millis(timestamp)").alias("timestamp_ms")
-    )
+    timestamp_ms = functions.expr("unix_millis(timestamp)").alias("timestamp_ms")
+    if options.trigger == REAL_TIME:
+        java_writer = worker_realtime.writer(
+            spark,
+            redis_url=options.redis_url,
+            run_id=options.run_id,
+            workers=options.workers,
+            sources=options.sources,
+            window_ms=options.window_ms,
+            cpu_cost_us=options.cpu_cost_us,
+            settings=options.realtime,
+        )
+        return worker_realtime.start(
+            spark,
+            reader.load().select("partition", "offset", "key", "value", timestamp_ms),
+            java_writer,
+            query_name=f"skewer-work-{options.run_id}",
+            checkpoint=str(options.checkpoint),
+            settings=options.realtime,
+        )
+    stream = reader.load().select("partition", "key", "value", timestamp_ms)
     processor = PartitionProcessor(
         n_workers=options.workers,
         n_sources=options.sources,
@@ -325,13 +386,18 @@ def run(
     query = start_query(spark, options, count_batch)
     try:
         while query.isActive and not summary.finished:
+            if options.trigger == REAL_TIME:  # a grouping stage that started after this one
+                refuse_sums_in_real_time(store)
             if options.until_end and all(
                 mark == records.END_OF_STREAM for mark in store.worker_watermarks(options.workers)
             ):
                 # Commit the batch that carried the last END_OF_STREAM before stopping (else a
                 # restart would re-run it, harmlessly). A failure shows in query.exception().
-                with contextlib.suppress(Exception):
-                    query.processAllAvailable()
+                # A real-time batch ends only when its checkpoint interval does, and its writer
+                # applied every row the moment END_OF_STREAM showed: nothing to wait for.
+                if options.trigger != REAL_TIME:
+                    with contextlib.suppress(Exception):
+                        query.processAllAvailable()
                 summary.finished = query.exception() is None
             else:
                 time.sleep(poll_seconds)
@@ -340,9 +406,11 @@ def run(
             raise WorkerJobError(f"the streaming query failed: {failure_reason(error)}")
         summary.processed = store.processed_per_worker(options.workers).tolist()
         summary.progress = [
-            {"batch": p["batchId"], "rows": p["numInputRows"], **p["durationMs"]}
+            {"batch": p["batchId"], "rows": p["numInputRows"], **p.get("durationMs", {})}
             for p in query.recentProgress
         ]
+        if options.trigger == REAL_TIME:  # no foreachBatch: Spark's progress counts them
+            summary.batches = len({p["batch"] for p in summary.progress})
     finally:
         query.stop()
         if own_session:
@@ -360,6 +428,7 @@ def job_session(options: WorkOptions) -> SparkSession:
     On a standalone master the job asks for exactly those cores (``spark.cores.max``): an
     application without it takes every core of the cluster, although a micro-batch never
     runs more than its tasks at once, and other jobs (another run's workers) would wait."""
+    from pipeline.io.artifacts import ArtifactError, ensure_realtime_writer
     from pipeline.io.spark_session import (
         SparkClusterError,
         build_spark_session,
@@ -373,13 +442,20 @@ def job_session(options: WorkOptions) -> SparkSession:
     standalone = (
         {"spark.cores.max": str(options.task_count)} if master.startswith("spark://") else {}
     )
-    daemon = {"spark.python.daemon.module": PYTHON_DAEMON_MODULE}
+    # A real-time writer runs in the JVM: its jar instead of the Python workers' daemon.
+    real_time = options.trigger == REAL_TIME
+    daemon = {} if real_time else {"spark.python.daemon.module": PYTHON_DAEMON_MODULE}
+    try:
+        writer_jars = [ensure_realtime_writer()] if real_time else []
+    except ArtifactError as error:
+        raise WorkerJobError(str(error)) from None
     spark = build_spark_session(
         f"skewer-work-{options.run_id}",
         master=master,
         shuffle_partitions=slots,
         extra_conf={**standalone, **daemon},
         jit=options.jit,
+        extra_jars=writer_jars,
     )
     try:
         require_executor_cores(spark, options.task_count)

@@ -362,7 +362,8 @@ def test_plan_commands_and_balance_figures() -> None:
     checkpoint = plan.checkpoint_dir(config.load())
     assert " ".join(plan.argv("work")) == (
         "work --workers 3 --sources 1 --window-ms 10000 --cpu-cost-us 0.5 --checkpoint "
-        f"{checkpoint} --spark-master local --jit quick --run-id x --topic-prefix x- "
+        f"{checkpoint} --spark-master local --jit quick --trigger micro-batch --run-id x "
+        "--topic-prefix x- "
         "--scheme fish --until-end --verbose --json"
     )
     assert plan.topics == ["x-keys", "x-work", "x-dead-letters", "x-late", "x-results"]

@@ -113,8 +113,9 @@ def test_a_sentinel_that_names_no_primary_is_refused_with_exit_2(
         assert kafka_io.topic_partitions(settings.kafka_bootstrap, topic) is None, topic
 
 
+@pytest.mark.parametrize("trigger", config.TRIGGERS)
 def test_kill_9_of_the_primary_under_two_runs_fails_over_and_keeps_both_exact(
-    sentinel_set: config.Settings,
+    sentinel_set: config.Settings, trigger: str
 ) -> None:
     """What is killed: the Redis primary, with SIGKILL. When: two runs use it at once (pkg,
     and mixed on a drifting stream), while the mixed run has a migration in flight (the
@@ -124,8 +125,12 @@ def test_kill_9_of_the_primary_under_two_runs_fails_over_and_keeps_both_exact(
     (Spark's workers, grouping stage, aggregator, controller, producers) reconnects to it
     through the sentinels and retries, an apply cut off is applied there once, and the
     migration completes. No stage of either run restarts, records produced = processed, and
-    every (key, window) count of each equals its ground truth."""
-    with two_runs_at_the_fault_moment(config.load(), "sentinel") as pipelines:
+    every (key, window) count of each equals its ground truth. In Real-Time Mode the writers
+    in Spark's JVM do the same through Jedis's Sentinel pool, their applies guarded by Kafka
+    offsets instead of batch ids."""
+    real_time = {"max_records_per_batch": None} if trigger == config.REAL_TIME else {}
+    fields = {"trigger": trigger, **real_time}
+    with two_runs_at_the_fault_moment(config.load(), f"sentinel-{trigger}", **fields) as pipelines:
         killed = kill_primary(sentinel_set)
         wait_for_failover(sentinel_set, killed)
         for pipeline in pipelines:

@@ -189,14 +189,16 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecuredService
         process.terminate_all([r for r in records if r is not None], broker.stop_timeout)
 
 
-def test_the_demo_is_exact_over_tls_and_logins(secured: SecuredServices) -> None:
+@pytest.mark.parametrize("trigger", config.TRIGGERS)
+def test_the_demo_is_exact_over_tls_and_logins(secured: SecuredServices, trigger: str) -> None:
     """The whole pipeline through SCRAM-SHA-512 over TLS and Redis over TLS, skewer's producers
-    writing: exact, and the Kafka password in no log."""
-    run_id = f"tls-{new_run_id()[5:]}"
+    writing: exact, and the Kafka password in no log. In Real-Time Mode the writer in Spark's
+    JVM reaches Redis over TLS with the URL's CA file (``ssl_ca_certs``) too."""
+    run_id = f"tls-{trigger}-{new_run_id()[5:]}"
     demo = skewer(
         secured.environ,
         "demo", "--scheme", "pkg", "--records", "20000", "--workers", "4",
-        "--run-id", run_id, "--keep", "--verify", "--json",
+        "--run-id", run_id, "--keep", "--verify", "--json", "--trigger", trigger,
         timeout=600,
     )  # fmt: skip
     assert demo.returncode == 0, demo.stderr

@@ -20,6 +20,7 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from live_runs import check_exact_without_restarts, two_runs_at_the_fault_moment
@@ -96,11 +97,11 @@ def test_a_master_that_does_not_answer_is_refused_with_exit_2(
 
 
 def two_runs_on(
-    master: str, settings: config.Settings, tag: str
+    master: str, settings: config.Settings, tag: str, **fields: Any
 ) -> contextlib.AbstractContextManager[list[Pipeline]]:
     """:func:`live_runs.two_runs_at_the_fault_moment` on the cluster, W = 4 each, so each
-    asks for 4 of its 8 cores."""
-    return two_runs_at_the_fault_moment(settings, tag, spark_master=master, workers=4)
+    asks for 4 of its 8 cores (``fields``: more of the plans' fields)."""
+    return two_runs_at_the_fault_moment(settings, tag, spark_master=master, workers=4, **fields)
 
 
 def executor_pids(settings: config.Settings, runs: list[Pipeline]) -> list[int]:
@@ -162,6 +163,24 @@ def test_kill_9_of_an_executor_under_two_runs_keeps_both_exact(
     re-runs the lost tasks, the other run goes on untouched, the migration completes, and
     every (key, window) count of each run equals its ground truth with no stage restarted."""
     with two_runs_on(whole_cluster, settings, "spark-executor") as pipelines:
+        victims = executor_pids(settings, pipelines)
+        assert len(victims) == 4, f"two executors per run expected, found {victims}"
+        os.kill(victims[0], signal.SIGKILL)
+        for pipeline in pipelines:
+            check_exact_without_restarts(pipeline)
+
+
+def test_kill_9_of_an_executor_in_real_time_mode_keeps_both_exact(
+    whole_cluster: str, settings: config.Settings
+) -> None:
+    """The test above with both runs in Spark's Real-Time Mode (``--trigger real-time``): the
+    killed executor held two of a run's four long-running tasks and their writers. Recovery
+    expected: Spark restarts the real-time batch on the executors it has (a new one joins),
+    replaying it from its start; each writer skips every row at or below the offset Redis
+    applied for its partition, so nothing counts twice; the migration completes. No stage
+    restarts, and every (key, window) count of each run equals its ground truth."""
+    real_time = {"trigger": config.REAL_TIME, "max_records_per_batch": None}
+    with two_runs_on(whole_cluster, settings, "rt-executor", **real_time) as pipelines:
         victims = executor_pids(settings, pipelines)
         assert len(victims) == 4, f"two executors per run expected, found {victims}"
         os.kill(victims[0], signal.SIGKILL)

@@ -42,6 +42,27 @@ def test_apply_is_idempotent_per_worker_and_batch(store: StateStore) -> None:
     assert store.open_windows() == [0, 10_000]
 
 
+def offsets_apply(store: StateStore, first: int, last: int, count: int) -> int:
+    """The apply script as a real-time writer runs it: rows at offsets ``first``..``last`` of
+    worker 0's partition, ``count`` records of key ``a`` in window 0."""
+    args = batch(0, 0, {(0, b"a"): count}).script_args(store.keys.prefix, 1)
+    args[2:4] = [first, last]
+    return int(store._apply(args=args))
+
+
+def test_a_real_time_apply_is_guarded_by_the_offsets_it_covers(store: StateStore) -> None:
+    """Offsets 0..9 applied; their replay, whole or in part, adds nothing; rows that straddle
+    the applied offset are refused (-1) so that the writer drops the applied part first."""
+    assert offsets_apply(store, 0, 9, 10) == 1
+    assert offsets_apply(store, 0, 9, 10) == 0  # replayed whole
+    assert offsets_apply(store, 3, 7, 5) == 0  # a replay cut differently
+    assert offsets_apply(store, 5, 14, 10) == -1  # straddles: nothing applied
+    assert offsets_apply(store, 10, 14, 5) == 1  # the part beyond offset 9
+    assert offsets_apply(store, 16, 16, 1) == 1  # offset 15: a commit marker, never a row
+    assert store.partial(0, 0) == {b"a": 16}
+    assert store.applied_batches(1) == [16]
+
+
 def test_additions_are_made_once_per_marker(store: StateStore) -> None:
     """The producers' truth and sent counts: a retried addition (a command whose reply was
     lost) adds nothing; another marker adds again."""

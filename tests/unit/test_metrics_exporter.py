@@ -269,6 +269,16 @@ def test_lag_and_the_spark_offset_log(tmp_path: Path) -> None:
     assert worker_metrics.lag_per_partition([20, 13, 2, 4], {0: 11, 1: 13, 2: 2}) == [9, 0, 0, 4]
 
 
+def test_real_time_lag_counts_from_the_offset_each_worker_applied(tmp_path: Path) -> None:
+    """In Real-Time Mode the checkpoint logs offsets only when a batch ends: the lag is what
+    follows each worker's last applied offset (none applied: the whole partition)."""
+    lag = worker_metrics.WorkTopicLag(
+        "127.0.0.1:1", "t-work", 3, tmp_path, applied=lambda: [9, None, 3]
+    )
+    lag.end_offsets = lambda: [20, 6, 4]  # type: ignore[method-assign]
+    assert lag() == [10, 6, 0]
+
+
 # --- worker and aggregator families ----------------------------------------------------------
 
 

@@ -103,7 +103,7 @@ def test_script_args_layout() -> None:
         source_versions={1: 4},
     )
     assert batch.script_args("skewer:r:", n_sources=2) == [
-        "skewer:r:", 3, 12, 2,
+        "skewer:r:", 3, 12, 12, 2,
         0, 2, 0, b"a", 4, 10_000, b"b", 1,
         2, 0, 5, 1, 9_999,
         5, 2,
@@ -112,10 +112,10 @@ def test_script_args_layout() -> None:
         "0.0",
     ]  # fmt: skip
     summed = dataclasses.replace(batch, sums=np.array([-3, 2**62]))
-    assert summed.script_args("skewer:r:", n_sources=2)[4:13] == [
+    assert summed.script_args("skewer:r:", n_sources=2)[5:14] == [
         1, 2, 0, b"a", 4, -3, 10_000, b"b", 1,
     ]  # fmt: skip
-    assert summed.script_args("skewer:r:", n_sources=2)[13] == 2**62
+    assert summed.script_args("skewer:r:", n_sources=2)[14] == 2**62
 
 
 def test_key_text_examples() -> None:

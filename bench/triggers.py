@@ -1,0 +1,297 @@
+"""The workers' two Spark triggers side by side: micro-batches and Real-Time Mode.
+
+What it measures and how: :data:`METHOD`, the prose of bench/results/triggers.md.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bench.end_to_end import SOURCES, WORKERS, WORKLOAD, Trace, batch_limit, row, traced_run
+from bench.experiment import ExperimentResult, method_markdown, or_dash
+from operators.metrics import STEADY_FROM, latency_buckets, latency_quantile
+from pipeline.io.config import MICRO_BATCH, REAL_TIME
+
+#: What the benchmark measures and how: the prose of bench/results/triggers.md.
+METHOD = """\
+``skewer bench triggers`` runs the whole live pipeline -- ``skewer produce``, ``group``,
+``work`` (its own Spark application) and ``aggregate`` as subprocesses, as ``skewer demo``
+does -- once per trigger, scheme, cost and load, on the end-to-end benchmark's stream (Zipf
+z = 1.2, W = 8 workers, S = 2 sources), every run of both triggers in one command, one after
+the other. ``micro-batch`` is Spark's default trigger, the Python tasks of
+``pipeline/stages/worker_task.py``; ``real-time`` is Spark's Real-Time Mode with the JVM writer
+of ``jvm/realtime-writer`` (docs/design.md#real-time-mode).
+
+Capacity: pkg under a saturating offer (the producers and the grouping stage as fast as they
+go), the workers' steady rate (records per second while a backlog existed, from 20 % to 90 %
+of the records), or the run's throughput when the counters gave none; at zero cost and at the
+CPU-cost knob's C = 500 µs per record (each worker a server of at most 2,000 records/s).
+Latency: pkg and key paced at 25 %, 50 % and 80 % of that trigger's pkg capacity at that cost,
+for 20 s each; p50/p99 over the records applied in the steady state.
+
+Two latencies. The workers' histogram runs from the grouping stage's write to ``work`` to the
+apply in Redis (``apply``). From production to the apply (``produce -> applied``) adds the
+records' way from the producers through the grouping stage: after each paced run the bench
+reads ``keys`` and ``work`` back and takes each record's time from its producer's Kafka
+timestamp to the grouping stage's (``produce -> group``, its own p50/p99 in the table), over
+the records produced after the first 20 %, the workers' steady-state cut. The
+histogram holds no per-record times, so the end-to-end quantiles are bounds, not estimates:
+P(X + Y > a + b) <= P(X > a) + P(Y > b), so p99(X + Y) <= p99.5(X) + p99.5(Y), and
+p50(X + Y) <= p75(X) + p75(Y).
+"""
+
+TRIGGERS = (MICRO_BATCH, REAL_TIME)
+#: Costs per record (µs) of the runs: the pipeline's own capacity, and the PKG paper's range.
+COSTS = (0.0, 500.0)
+SCHEMES = ("pkg", "key")
+LOADS = (0.25, 0.5, 0.8)
+#: Seconds of offered load per paced run (records = rate x this).
+SECONDS = 20.0
+#: Records of a saturating run, per cost.
+SATURATING_RECORDS = {0.0: 400_000, 500.0: 200_000}
+#: The grouping stage's transaction cadence per trigger: the default 100 ms is within a
+#: micro-batch's cycle, and would be most of a real-time path's latency.
+COMMIT_INTERVAL_MS = {MICRO_BATCH: 100, REAL_TIME: 5}
+
+
+@dataclass(frozen=True)
+class GroupingDelays:
+    """Each DATA record's time from its producer's Kafka timestamp to the grouping stage's
+    (ms), joined on the header's (producer, seq), in the order they were produced."""
+
+    delays_ms: np.ndarray
+
+    def steady(self) -> GroupingDelays:
+        """The records after the first :data:`STEADY_FROM` of them (the workers' cut)."""
+        return GroupingDelays(self.delays_ms[int(STEADY_FROM * self.delays_ms.size) :])
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile as the workers' histogram bins it (upper bucket edge)."""
+        if not self.delays_ms.size:
+            return None
+        buckets, counts = np.unique(latency_buckets(self.delays_ms), return_counts=True)
+        return latency_quantile(dict(zip(buckets.tolist(), counts.tolist(), strict=True)), q)
+
+
+def grouping_delays(bootstrap: str, keys_topic: str, work_topic: str) -> GroupingDelays:
+    """Read ``keys`` and ``work`` back and join their DATA records on (producer, seq)."""
+    from pipeline.io import records
+    from pipeline.io.kafka_io import read_topic
+
+    def stamped(topic: str, decode: Callable[[Any], Any]) -> tuple[np.ndarray, np.ndarray]:
+        stored = read_topic(bootstrap, topic)
+        decoded, ok = decode([r.value for r in stored])
+        ok &= decoded["kind"] == records.Kind.DATA
+        ids = (decoded["producer"].astype(np.uint64) << np.uint64(40)) | decoded["seq"]
+        stamps = np.array([r.timestamp_ms for r in stored], dtype=np.int64)
+        return ids[ok], stamps[ok]
+
+    produced_ids, produced_ms = stamped(keys_topic, records.decode_input)
+    grouped_ids, grouped_ms = stamped(work_topic, records.decode_work)
+    if not produced_ids.size:
+        return GroupingDelays(np.zeros(0))
+    order = np.argsort(produced_ids)
+    ids, stamps = produced_ids[order], produced_ms[order]
+    at = np.minimum(np.searchsorted(ids, grouped_ids), ids.size - 1)
+    found = ids[at] == grouped_ids
+    produced, delays = stamps[at[found]], grouped_ms[found] - stamps[at[found]]
+    return GroupingDelays(delays[np.argsort(produced, kind="stable")].astype(np.float64))
+
+
+class DelayTrace(Trace):
+    """:class:`bench.end_to_end.Trace` that also reads each record's way to the grouping
+    stage when the run ends (before the run's topics are deleted)."""
+
+    delays: GroupingDelays | None = None
+
+    def end(self, pipeline: Any, summary: Any) -> None:
+        super().end(pipeline, summary)
+        names = pipeline.plan.names
+        self.delays = grouping_delays(
+            pipeline.settings.kafka_bootstrap, names.keys_topic, names.work_topic
+        ).steady()
+
+
+def bound(apply: dict[int, int], delays: GroupingDelays | None, q: float) -> float | None:
+    """The union bound on the ``q`` quantile of produce -> applied (module docstring's
+    METHOD): the (1 + q) / 2 quantiles of the two parts, added."""
+    part = (1 + q) / 2
+    applied = latency_quantile(apply, part)
+    grouped = None if delays is None else delays.quantile(part)
+    return None if applied is None or grouped is None else applied + grouped
+
+
+def run(
+    *,
+    triggers: Sequence[str] = TRIGGERS,
+    costs: Sequence[float] = COSTS,
+    schemes: Sequence[str] = SCHEMES,
+    loads: Sequence[float] = LOADS,
+    seconds: float = SECONDS,
+    spark_master: str | None = None,
+    log: Callable[[str], None] = lambda _line: None,
+) -> ExperimentResult:
+    """Every trigger's pkg capacity per cost, then each scheme paced at each load of it; the
+    services must answer."""
+    from pipeline.io import config
+    from pipeline.runs.plan import plan_run
+
+    settings = config.load()
+    load_average = " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+    def measured(label: str, trigger: str, cost: float, **fields: Any) -> dict[str, Any]:
+        real_time = trigger == REAL_TIME
+        plan = plan_run(
+            settings,
+            run_prefix="bench",
+            workers=WORKERS,
+            sources=SOURCES,
+            workload=WORKLOAD,
+            cpu_cost_us=cost,
+            spark_master=spark_master,
+            trigger=trigger,
+            max_records_per_batch=None if real_time else batch_limit(cost),
+            commit_interval_ms=COMMIT_INTERVAL_MS[trigger],
+            **fields,
+        )
+        began = time.monotonic()
+        trace = DelayTrace()
+        summary, _ = traced_run(plan, settings, trace=trace)
+        figures = row(summary, trace)
+        apply = trace.steady_latency()
+        figures.update(
+            trigger=trigger,
+            cost=cost,
+            group_p50_ms=trace.delays.quantile(0.5) if trace.delays else None,
+            group_p99_ms=trace.delays.quantile(0.99) if trace.delays else None,
+            e2e_p50_bound_ms=bound(apply, trace.delays, 0.5),
+            e2e_p99_bound_ms=bound(apply, trace.delays, 0.99),
+        )
+        log(
+            f"{label}: {summary.throughput or 0:,.0f} records/s, steady "
+            f"{figures['steady_rate'] or 0:,.0f}/s, apply p50/p99 {figures['steady_p50_ms']}/"
+            f"{figures['steady_p99_ms']} ms, produce->applied <= {figures['e2e_p50_bound_ms']}/"
+            f"{figures['e2e_p99_bound_ms']} ms, exact {summary.exact} "
+            f"({time.monotonic() - began:.0f} s)"
+        )
+        return figures
+
+    capacities: list[dict[str, Any]] = []
+    paced: list[dict[str, Any]] = []
+    for trigger in triggers:
+        for cost in costs:
+            saturated = measured(
+                f"{trigger}, C = {cost:g} µs, pkg saturating",
+                trigger,
+                cost,
+                scheme="pkg",
+                records=SATURATING_RECORDS.get(cost, 200_000),
+            )
+            capacity = saturated["steady_rate"] or saturated["throughput"]
+            capacities.append({**saturated, "capacity": capacity})
+            for scheme in schemes:
+                for load in loads:
+                    rate = load * capacity
+                    figures = measured(
+                        f"{trigger}, C = {cost:g} µs, {scheme} at {load:.0%}",
+                        trigger,
+                        cost,
+                        scheme=scheme,
+                        rate=rate,
+                        records=int(rate * seconds),
+                    )
+                    paced.append({**figures, "load": load, "rate": rate})
+    data = {"capacities": capacities, "paced": paced, "seconds": seconds}
+    return ExperimentResult(
+        name="triggers",
+        title="Micro-batches and Real-Time Mode: capacity and latency side by side",
+        markdown=results_markdown(data, load_average),
+        data=data,
+    )
+
+
+def results_markdown(data: dict[str, Any], load_average: str) -> str:
+    """``triggers.md`` below its header, from the figures of a run (``triggers.json``)."""
+    lines = [
+        method_markdown(METHOD),
+        "",
+        f"Load average (1, 5, 15 min) when the run started: {load_average}.",
+        "",
+        "Grouping stage's transaction cadence: "
+        + ", ".join(f"{t} {ms} ms" for t, ms in COMMIT_INTERVAL_MS.items())
+        + " (`--commit-interval-ms`).",
+        "",
+        "## Capacity (pkg, saturating offer)",
+        "",
+        "| trigger | C (µs) | capacity (records/s) | throughput (records/s) | x micro-batch "
+        "| exact |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    base = {c["cost"]: c["capacity"] for c in data["capacities"] if c["trigger"] == MICRO_BATCH}
+    for c in data["capacities"]:
+        ratio = c["capacity"] / base[c["cost"]] if base.get(c["cost"]) else None
+        lines.append(
+            f"| {c['trigger']} | {c['cost']:g} | {or_dash(c['capacity'], ',.0f')} | "
+            f"{or_dash(c['throughput'], ',.0f')} | {or_dash(ratio, '.2f')} | "
+            f"{'yes' if c['exact'] else 'NO'} |"
+        )
+    lines += [
+        "",
+        f"## Latency at {', '.join(f'{x:.0%}' for x in sorted({p['load'] for p in data['paced']}))}"
+        " of each trigger's capacity",
+        "",
+        f"Steady state: the records applied after {STEADY_FROM:.0%} of them. `apply`: the "
+        "grouping stage's write to the apply; `produce -> group`: the producer's Kafka "
+        "timestamp to the grouping stage's; `produce -> applied`: the bound on their sum.",
+        "",
+        "| trigger | C (µs) | scheme | load | records/s offered | apply p50 (ms) | "
+        "apply p99 (ms) | produce -> group p50/p99 (ms) | produce -> applied p50 <= (ms) | "
+        "produce -> applied p99 <= (ms) | max/avg | exact |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for p in data["paced"]:
+        lines.append(
+            f"| {p['trigger']} | {p['cost']:g} | {p['scheme']} | {p['load']:.0%} | "
+            f"{p['rate']:,.0f} | {or_dash(p['steady_p50_ms'], ',.1f')} | "
+            f"{or_dash(p['steady_p99_ms'], ',.1f')} | {or_dash(p['group_p50_ms'], ',.1f')} / "
+            f"{or_dash(p['group_p99_ms'], ',.1f')} | {or_dash(p['e2e_p50_bound_ms'], ',.1f')} | "
+            f"{or_dash(p['e2e_p99_bound_ms'], ',.1f')} | {p['max_avg_ratio']:.3f} | "
+            f"{'yes' if p['exact'] else 'NO'} |"
+        )
+    lines += ["", *verdicts(data)]
+    return "\n".join(lines) + "\n"
+
+
+def verdicts(data: dict[str, Any]) -> list[str]:
+    """The figures the real-time path is held to, each with its target."""
+    paced = {(p["trigger"], p["cost"], p["scheme"], p["load"]): p for p in data["paced"]}
+    capacity = {(c["trigger"], c["cost"]): c["capacity"] for c in data["capacities"]}
+    out = []
+    quarter = paced.get((REAL_TIME, 0.0, "pkg", 0.25))
+    if quarter:
+        out.append(
+            f"- Real-time, zero cost, pkg at 25 %: produce -> applied p50 <= "
+            f"{or_dash(quarter['e2e_p50_bound_ms'], ',.1f')} ms (target <= 50), p99 <= "
+            f"{or_dash(quarter['e2e_p99_bound_ms'], ',.1f')} ms (target <= 200)."
+        )
+    real, micro = capacity.get((REAL_TIME, 0.0)), capacity.get((MICRO_BATCH, 0.0))
+    if real and micro:
+        out.append(
+            f"- Zero-cost capacity: real-time {real:,.0f} records/s, micro-batch {micro:,.0f}: "
+            f"{real / micro:.2f}x (target >= 0.5x)."
+        )
+    for trigger in TRIGGERS:
+        pkg, key = paced.get((trigger, 500.0, "pkg", 0.8)), paced.get((trigger, 500.0, "key", 0.8))
+        if pkg and key and pkg["steady_p99_ms"] and key["steady_p99_ms"]:
+            out.append(
+                f"- {trigger}, C = 500 µs, 80 %: pkg's p99 {pkg['steady_p99_ms']:,.0f} ms, key's "
+                f"{key['steady_p99_ms']:,.0f} ms: "
+                f"{pkg['steady_p99_ms'] / key['steady_p99_ms']:.3f}x (target <= 0.1x)."
+            )
+    return out
