@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +226,23 @@ def _write(result: Any, out: Path | None, command: str, seconds: float) -> int:
     return 0
 
 
+def _write_live(args: argparse.Namespace, command: str, run: Callable[[], Any]) -> int:
+    """Run a live benchmark (``run()``) and write its result: a ValueError is a usage error
+    (exit 2), a pipeline that failed is one line and exit 1."""
+    from pipeline.cli.arguments import UsageError
+    from pipeline.runs.orchestrator import PipelineError
+
+    began = time.perf_counter()
+    try:
+        result = run()
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    except PipelineError as error:
+        print(f"skewer bench {args.bench_command}: error: {error}", file=sys.stderr)
+        return 1
+    return _write(result, args.out, command, time.perf_counter() - began)
+
+
 def run_speed(args: argparse.Namespace) -> int:
     from bench import speed
 
@@ -319,14 +337,12 @@ def run_own_topic(args: argparse.Namespace) -> int:
 def run_e2e(args: argparse.Namespace) -> int:
     from bench import end_to_end
     from pipeline.cli.arguments import (
-        UsageError,
         require_at_least,
         spark_master_from_args,
         trigger_from_args,
     )
     from pipeline.io import config
     from pipeline.io.kafka_io import COMMIT_INTERVAL_MS
-    from pipeline.runs.orchestrator import PipelineError
 
     require_at_least(1, ("--commit-interval-ms", args.commit_interval_ms))
     master = spark_master_from_args(args, config.load().spark_master)
@@ -343,9 +359,10 @@ def run_e2e(args: argparse.Namespace) -> int:
         *(["--commit-interval-ms", str(interval)] if interval != COMMIT_INTERVAL_MS else []),
         *(["--trigger", trigger] if trigger != config.MICRO_BATCH else []),
     )
-    began = time.perf_counter()
-    try:
-        result = end_to_end.run(
+    return _write_live(
+        args,
+        command,
+        lambda: end_to_end.run(
             trigger=trigger,
             records=args.records,
             cpu_cost_us=args.cpu_cost_us,
@@ -354,20 +371,14 @@ def run_e2e(args: argparse.Namespace) -> int:
             spark_master=master,
             commit_interval_ms=interval,
             log=_log,
-        )
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-    except PipelineError as error:
-        print(f"skewer bench e2e: error: {error}", file=sys.stderr)
-        return 1
-    return _write(result, args.out, command, time.perf_counter() - began)
+        ),
+    )
 
 
 def run_triggers(args: argparse.Namespace) -> int:
     from bench import triggers
     from pipeline.cli.arguments import UsageError, spark_master_from_args
     from pipeline.io import config
-    from pipeline.runs.orchestrator import PipelineError
 
     if not args.seconds > 0:
         raise UsageError(f"--seconds must be > 0, got {args.seconds}")
@@ -379,47 +390,39 @@ def run_triggers(args: argparse.Namespace) -> int:
         *(["--seconds", f"{args.seconds:g}"] if args.seconds != triggers.SECONDS else []),
         *(["--spark-master", master] if master != config.DEFAULT_SPARK_MASTER else []),
     )
-    began = time.perf_counter()
-    try:
-        result = triggers.run(
+    return _write_live(
+        args,
+        command,
+        lambda: triggers.run(
             triggers=args.trigger,
             schemes=args.only or triggers.SCHEMES,
             seconds=args.seconds,
             spark_master=master,
             log=_log,
-        )
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-    except PipelineError as error:
-        print(f"skewer bench triggers: error: {error}", file=sys.stderr)
-        return 1
-    return _write(result, args.out, command, time.perf_counter() - began)
+        ),
+    )
 
 
 def run_migration(args: argparse.Namespace) -> int:
     from bench import migration
     from pipeline.cli.arguments import UsageError
-    from pipeline.runs.orchestrator import PipelineError
 
     if not args.interval > 0:
         raise UsageError(f"--interval must be > 0, got {args.interval}")
     interval = ["--interval", f"{args.interval:g}"] if args.interval != migration.INTERVAL else []
     command = _command(args, *interval)
-    began = time.perf_counter()
-    try:
-        result = migration.run(
+    return _write_live(
+        args,
+        command,
+        lambda: migration.run(
             schemes=args.only or migration.TABLE_SCHEMES, interval=args.interval, log=_log
-        )
-    except PipelineError as error:
-        print(f"skewer bench migration: error: {error}", file=sys.stderr)
-        return 1
-    return _write(result, args.out, command, time.perf_counter() - began)
+        ),
+    )
 
 
 def run_scale(args: argparse.Namespace) -> int:
     from bench import scale
     from pipeline.cli.arguments import UsageError, require_at_least
-    from pipeline.runs.orchestrator import PipelineError
 
     require_at_least(1, ("--records", args.records))
     if not args.cpu_cost_us >= 0:
@@ -427,13 +430,11 @@ def run_scale(args: argparse.Namespace) -> int:
     command = _command(
         args, "--records", str(args.records), "--cpu-cost-us", f"{args.cpu_cost_us:g}"
     )
-    began = time.perf_counter()
-    try:
-        result = scale.run(executor_records=args.records, cpu_cost_us=args.cpu_cost_us, log=_log)
-    except PipelineError as error:
-        print(f"skewer bench scale: error: {error}", file=sys.stderr)
-        return 1
-    return _write(result, args.out, command, time.perf_counter() - began)
+    return _write_live(
+        args,
+        command,
+        lambda: scale.run(executor_records=args.records, cpu_cost_us=args.cpu_cost_us, log=_log),
+    )
 
 
 def run_startup(args: argparse.Namespace) -> int:

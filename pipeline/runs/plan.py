@@ -97,7 +97,8 @@ class RunPlan:
         A paced run's first records wait for the JIT as long as C2 still compiles, for about
         20 s on two cores; C1 alone is warm within a second, and its half of C2's peak rate for
         the JVM's part of a record leaves a paced stream far below capacity room. A run over a
-        backlog wants the peak (docs/performance.md#start-up).
+        backlog wants the peak (docs/performance.md#start-up). In Real-Time Mode C2's compiling
+        also takes the cores from the producers and the grouping stage, whose records then wait.
 
         >>> RunPlan("pkg", 10, rate=1000.0).worker_jit, RunPlan("pkg", 10).worker_jit
         ('quick', 'peak')

@@ -255,3 +255,42 @@ def test_worker_job_refuses_starts_that_would_break_exactness(
     (tmp_path / "checkpoint" / "offsets").mkdir(parents=True)
     (tmp_path / "checkpoint" / "offsets" / "0").write_text("v1")
     prepare(options, store)  # the run's own checkpoint: a restart
+
+
+def test_a_real_time_worker_refuses_a_run_that_sums_amounts(
+    store: StateStore, tmp_path: Path
+) -> None:
+    """The real-time writer runs in the JVM and reads no user's values: a run whose grouping
+    stage sums amounts (``--sum``, recorded in Redis before it routes anything) is refused
+    with one line, and a new checkpoint is no refusal (its applies are guarded by offsets)."""
+    from pipeline.io import extractors
+    from pipeline.io.kafka_io import RunNames
+    from pipeline.stages import user_topic
+    from pipeline.stages.worker_job import WorkerConfigError, WorkOptions, prepare
+
+    options = WorkOptions(
+        workers=2,
+        sources=1,
+        kafka_bootstrap="unused:1",
+        redis_url="unused",
+        checkpoint=tmp_path / "checkpoint",
+        work_topic="unused",
+        run_id=store.keys.run_id,
+        trigger="real-time",
+    )
+    prepare(options, store)
+    store.apply(batch(1, 0, {(0, b"a"): 1}), n_sources=1)
+    prepare(options, store)  # state and a new checkpoint: the offsets keep it exact
+    with pytest.raises(WorkerConfigError, match="real_time=1, not 0"):
+        prepare(dataclasses.replace(options, trigger="micro-batch"), store)
+    summed = user_topic.UserTopic(
+        topic="orders",
+        extractor=extractors.Extractor(
+            key=extractors.parse_key("json:user"),
+            time=extractors.parse_time("kafka-timestamp"),
+            amount=extractors.parse_amount("json:price"),
+        ),
+    )
+    user_topic.record(store.client, summed, RunNames(store.keys.run_id))
+    with pytest.raises(WorkerConfigError, match=r"--trigger real-time does not sum amounts"):
+        prepare(options, store)

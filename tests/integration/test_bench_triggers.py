@@ -1,0 +1,37 @@
+"""`skewer bench triggers` runs: both triggers, saturated and paced, at a small size.
+
+Its committed result (bench/results/triggers.md) is only as good as the code that can re-run
+it, so it runs here once against the real services with one cost, one scheme and one load:
+every run exact, a capacity per trigger, and each paced run's way from the producers to the
+grouping stage read back for every record it applied.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench import triggers
+from pipeline.io import config
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_both_triggers_are_measured_side_by_side(
+    settings: config.Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(triggers, "SATURATING_RECORDS", {0.0: 30_000})
+    monkeypatch.setattr(triggers, "SETTLE_SECONDS", 0.0)
+    result = triggers.run(costs=(0.0,), schemes=("pkg",), loads=(0.25,), seconds=3.0)
+    capacities, paced = result.data["capacities"], result.data["paced"]
+    assert [c["trigger"] for c in capacities] == list(config.TRIGGERS)
+    assert all(c["exact"] and c["capacity"] > 0 for c in capacities)
+    assert [p["trigger"] for p in paced] == list(config.TRIGGERS)
+    for run in paced:
+        assert run["exact"], run["trigger"]
+        assert np.isclose(run["rate"], 0.25 * capacities[paced.index(run)]["capacity"])
+        # Both parts of the way, and their bound, for the records of the steady state.
+        assert 0 < run["group_p50_ms"] <= run["group_p99_ms"]
+        assert run["e2e_p99_bound_ms"] >= run["steady_p99_ms"]
+    assert "| real-time | 0 | pkg | 25% |" in result.markdown
+    assert "x micro-batch" in result.markdown

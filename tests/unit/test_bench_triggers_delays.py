@@ -1,0 +1,33 @@
+"""`skewer bench triggers`' way from the producers to the grouping stage: each ``work``
+record joined to its ``keys`` record on (producer, seq), cut to the steady state."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bench.triggers import GroupingDelays, bound, join_delays
+
+
+def test_records_are_joined_on_their_id_in_the_order_they_were_produced() -> None:
+    produced_ids, produced_ms = np.array([7, 3, 5]), np.array([100, 90, 95])
+    grouped_ids, grouped_ms = np.array([5, 3, 9, 7]), np.array([101, 99, 0, 130])
+    joined = join_delays(produced_ids, produced_ms, grouped_ids, grouped_ms)
+    assert joined.delays_ms.tolist() == [9.0, 6.0, 30.0]  # 3, 5, 7; 9 was never produced
+    assert join_delays(np.zeros(0), np.zeros(0), grouped_ids, grouped_ms).delays_ms.size == 0
+
+
+def test_the_steady_cut_leaves_out_the_first_fifth_produced() -> None:
+    delays = GroupingDelays(np.arange(10, dtype=np.float64))
+    assert delays.steady().delays_ms.tolist() == list(range(2, 10))
+    assert delays.quantile(1.0) is not None
+    assert GroupingDelays(np.zeros(0)).quantile(0.5) is None
+
+
+def test_the_bound_on_produce_to_applied_takes_the_best_split() -> None:
+    """P(X + Y > a + b) <= P(X > a) + P(Y > b): the least a + b that keeps the sum within
+    1 - q, a over the histogram's bucket edges (1 ms, 10 ms here), b over Y's values."""
+    way = GroupingDelays(np.array([1.0] * 98 + [50.0] * 2))
+    assert bound({0: 995, 20: 5}, way, 0.99) == 51.0  # 0.5 % of X above 1 ms, 2 % of Y at 50
+    assert bound({0: 980, 20: 20}, way, 0.99) == 60.0  # 2 % of X above 1 ms: a = 10 ms
+    assert bound({0: 100}, way, 0.5) == 2.0
+    assert bound({}, way, 0.99) is None and bound({0: 1}, None, 0.99) is None
