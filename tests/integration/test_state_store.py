@@ -8,6 +8,7 @@ import json
 import threading
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from worker_batches import batch
@@ -15,6 +16,9 @@ from worker_batches import batch
 from pipeline.io.records import END_OF_STREAM
 from pipeline.io.state_store import StateStore, add_once
 from pipeline.stages.aggregator import AggregateOptions, Aggregator
+
+if TYPE_CHECKING:
+    from pipeline.stages.worker_job import WorkOptions
 
 pytestmark = [pytest.mark.integration, pytest.mark.live_path]
 
@@ -231,12 +235,12 @@ def test_verify_and_latency(store: StateStore) -> None:
     assert store.latency_histogram(2, worker=1) == {20: 1}
 
 
-def test_worker_job_refuses_starts_that_would_break_exactness(
-    store: StateStore, tmp_path: Path
-) -> None:
-    from pipeline.stages.worker_job import WorkerConfigError, WorkOptions, prepare
+def job_options(store: StateStore, tmp_path: Path, **fields: Any) -> WorkOptions:
+    """The worker job's options for ``store``'s run, W = 2, S = 1, no services (only
+    ``prepare`` runs); ``fields`` override."""
+    from pipeline.stages.worker_job import WorkOptions
 
-    options = WorkOptions(
+    return WorkOptions(
         workers=2,
         sources=1,
         kafka_bootstrap="unused:1",
@@ -244,7 +248,16 @@ def test_worker_job_refuses_starts_that_would_break_exactness(
         checkpoint=tmp_path / "checkpoint",
         work_topic="unused",
         run_id=store.keys.run_id,
+        **fields,
     )
+
+
+def test_worker_job_refuses_starts_that_would_break_exactness(
+    store: StateStore, tmp_path: Path
+) -> None:
+    from pipeline.stages.worker_job import WorkerConfigError, prepare
+
+    options = job_options(store, tmp_path)
     prepare(options, store)  # a new run: fine, and it records window_ms and workers
     assert store.claim_config() == {}
     with pytest.raises(WorkerConfigError, match="window_ms=10000, not 5000"):
@@ -266,18 +279,9 @@ def test_a_real_time_worker_refuses_a_run_that_sums_amounts(
     from pipeline.io import extractors
     from pipeline.io.kafka_io import RunNames
     from pipeline.stages import user_topic
-    from pipeline.stages.worker_job import WorkerConfigError, WorkOptions, prepare
+    from pipeline.stages.worker_job import WorkerConfigError, prepare
 
-    options = WorkOptions(
-        workers=2,
-        sources=1,
-        kafka_bootstrap="unused:1",
-        redis_url="unused",
-        checkpoint=tmp_path / "checkpoint",
-        work_topic="unused",
-        run_id=store.keys.run_id,
-        trigger="real-time",
-    )
+    options = job_options(store, tmp_path, trigger="real-time")
     prepare(options, store)
     store.apply(batch(1, 0, {(0, b"a"): 1}), n_sources=1)
     prepare(options, store)  # state and a new checkpoint: the offsets keep it exact
