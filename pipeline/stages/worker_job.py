@@ -201,11 +201,11 @@ def prepare(options: WorkOptions, store: StateStore) -> None:
         raise WorkerConfigError(
             f"run {options.run_id!r} uses {name}={recorded}, not {given} (use another --run-id)"
         )
+    if options.trigger == REAL_TIME:
+        refuse_sums_in_real_time(store)
     # Real-time applies are guarded by Kafka offsets, not batch ids: a new checkpoint starts
     # at the earliest offsets and the writers skip what Redis applied (a real-time batch logs
     # its offsets only when it ends, so a driver killed in its first batch leaves none).
-    if options.trigger == REAL_TIME:
-        refuse_sums_in_real_time(store)
     fresh = checkpoint_is_fresh(options.checkpoint) and options.trigger != REAL_TIME
     if fresh and store.any_applied(options.workers):
         raise WorkerConfigError(
