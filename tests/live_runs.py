@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ from pipeline.runs.summary import RunSummary
 
 #: Seconds the stages of one run may take (several share two cores).
 RUN_TIMEOUT = 300.0
+#: A run plan's fields for a run in Spark's Real-Time Mode (which has no micro-batch size).
+REAL_TIME_FIELDS: dict[str, Any] = {"trigger": config.REAL_TIME, "max_records_per_batch": None}
 
 
 @contextlib.contextmanager
@@ -323,16 +325,19 @@ def wait_for_the_fault_moment(pipeline: Pipeline, fraction: float = 0.25) -> Non
 
 @contextlib.contextmanager
 def two_runs_at_the_fault_moment(
-    settings: config.Settings, tag: str, **fields: Any
+    settings: config.Settings,
+    tag: str,
+    mixed: Mapping[str, Any] | None = None,
+    **fields: Any,
 ) -> Iterator[list[Pipeline]]:
-    """A pkg run and a mixed run (:func:`fault_plan`; ``fields`` for both) side by side, their
-    producers started together once both runs are ready; yields them once the mixed one, on a
-    drifting stream, has a migration in flight, with both still running: the moment a fault
-    test strikes both at once. The pkg run's stream is the longer (20 s against 8 s), so it
-    still has micro-batches in flight then."""
+    """A pkg run and a mixed run (:func:`fault_plan`; ``fields`` for both, ``mixed`` for the
+    mixed one only, over ``fields``) side by side, their producers started together once both
+    runs are ready; yields them once the mixed one, on a drifting stream, has a migration in
+    flight, with both still running: the moment a fault test strikes both at once. The pkg
+    run's stream is the longer (20 s against 8 s), so it still has records in flight then."""
     plans = [
         fault_plan("pkg", f"{tag}-pkg", **{"records": 60_000, **fields}),
-        fault_plan("mixed", f"{tag}-mixed", **fields),
+        fault_plan("mixed", f"{tag}-mixed", **{**fields, **(mixed or {})}),
     ]
     with contextlib.ExitStack() as runs:
         pipelines = [runs.enter_context(run_of(plan, settings)) for plan in plans]

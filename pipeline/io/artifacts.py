@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.io import config
+from pipeline.io import config, file_lock
 from pipeline.io.config import Settings
 
 
@@ -40,6 +40,16 @@ def _maven_copy(
     marker = output_dir / ".skewer-complete"
     if marker.exists() and marker.read_text().strip() == digest:
         return
+    with file_lock.exclusive(output_dir.with_name(f".{output_dir.name}.lock")):
+        if marker.exists() and marker.read_text().strip() == digest:
+            return  # another process fetched them while this one waited
+        _maven_fetch(settings, pom, output_dir, extra, what)
+        marker.write_text(digest + "\n")
+
+
+def _maven_fetch(
+    settings: Settings, pom: Path, output_dir: Path, extra: Sequence[str], what: str
+) -> None:
     if shutil.which("mvn") is None:
         raise ArtifactError(f"{what}: mvn is not installed; run `make install`")
     if output_dir.exists():
@@ -65,7 +75,6 @@ def _maven_copy(
         result = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
     if result.returncode != 0:
         raise ArtifactError(f"{what}: Maven could not fetch the jars; see {log_path}")
-    marker.write_text(digest + "\n")
 
 
 def ensure_kafka_libs(settings: Settings | None = None) -> Path:
@@ -140,6 +149,14 @@ def ensure_realtime_writer(settings: Settings | None = None) -> Path:
     marker = jar_path.with_suffix(".sha256")
     if jar_path.exists() and marker.exists() and marker.read_text().strip() == digest.hexdigest():
         return jar_path
+    with file_lock.exclusive(jar_path.with_suffix(".lock")):
+        if not (marker.exists() and marker.read_text().strip() == digest.hexdigest()):
+            _compile_writer(jar_path, classpath, sources)
+            marker.write_text(digest.hexdigest() + "\n")
+    return jar_path
+
+
+def _compile_writer(jar_path: Path, classpath: Sequence[Path], sources: Sequence[Path]) -> None:
     javac, jar_tool = shutil.which("javac"), shutil.which("jar")
     if javac is None or jar_tool is None:
         raise ArtifactError("the real-time writer: javac is not installed; run `make install`")
@@ -156,5 +173,3 @@ def ensure_realtime_writer(settings: Settings | None = None) -> Path:
         raise ArtifactError(f"the real-time writer did not compile: {first}")
     subprocess.run([jar_tool, "--create", "--file", str(jar_path), "-C", str(classes), "."],
                    check=True)  # fmt: skip
-    marker.write_text(digest.hexdigest() + "\n")
-    return jar_path

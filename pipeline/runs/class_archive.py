@@ -24,11 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.io import config, kafka_io, records
+from pipeline.io import config, file_lock, kafka_io, records
 from pipeline.io.spark_session import CLASS_ARCHIVE_ENV, class_archive_path
 
-#: Seconds the training run may take (a Spark start, a few micro-batches, the archive's dump).
-TRAINING_SECONDS = 240.0
+#: Seconds the training run may take (a Spark start, a few micro-batches, the archive's dump;
+#: a minute on an idle machine, several beside a test session's other Spark jobs).
+TRAINING_SECONDS = 600.0
 #: The training topic's records per partition (a micro-batch reads a quarter of them, so the
 #: run takes a few batches).
 TRAINING_RECORDS = 2_000
@@ -46,7 +47,13 @@ def ensure_class_archive(
     archive = class_archive_path(settings)
     if archive is None or archive.is_file():
         return archive
-    archive.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock.exclusive(archive.parent / ".driver-classes.lock"):
+        if archive.is_file():
+            return archive  # built by another process while this one waited
+        return _build(settings, archive, log)
+
+
+def _build(settings: config.Settings, archive: Path, log: Callable[[str], None]) -> Path | None:
     partial = archive.with_name(f".{archive.name}.{os.getpid()}.partial")
     log("building the Spark driver's class archive (once per JDK and PySpark) ...")
     command = [sys.executable, "-m", "pipeline.runs.class_archive"]

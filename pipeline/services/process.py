@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.io import file_lock
 from pipeline.io.config import Settings
 
 #: Popen handles of the processes this interpreter started, so stopping one also reaps it (a
@@ -106,13 +106,8 @@ def write_pid_file(path: Path, record: PidRecord) -> None:
 @contextlib.contextmanager
 def services_lock(settings: Settings) -> Iterator[None]:
     """Serialise ``up`` and ``down`` (two test sessions, or a test beside the CLI)."""
-    settings.run_dir.mkdir(parents=True, exist_ok=True)
-    with open(settings.run_dir / "services.lock", "w") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file, fcntl.LOCK_UN)
+    with file_lock.exclusive(settings.run_dir / "services.lock"):
+        yield
 
 
 def spawn(

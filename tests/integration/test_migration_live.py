@@ -183,12 +183,15 @@ def test_rounds_counted_in_records_cut_each_sources_statistics_at_its_share(
     migration_runs: dict[str, Outcome],
 ) -> None:
     """readj's rounds come every EVERY records: each source reports right after every
-    EVERY / 2 of its records, so a round both sources reported holds exactly EVERY."""
+    EVERY / 2 of its records, so a round both sources reported holds exactly EVERY, and one
+    planned without a late source (``report_wait``, on a loaded machine) exactly EVERY / 2."""
     intervals = migration_runs["readj"].intervals
     assert [i["round"] for i in intervals] == list(range(1, len(intervals) + 1))
-    both = [i for i in intervals if i["sources"] == [0, 1]]
-    assert len(both) >= RECORDS // EVERY - 1, intervals
-    assert {i["records"] for i in both} == {EVERY}
+    assert len(intervals) >= RECORDS // EVERY - 1, intervals
+    assert [i["records"] for i in intervals] == [
+        EVERY // 2 * len(i["sources"]) for i in intervals
+    ], intervals
+    assert any(i["sources"] == [0, 1] for i in intervals), intervals
 
 
 @pytest.mark.parametrize("scheme", ["mixed", "readj"])

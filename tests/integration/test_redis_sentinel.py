@@ -20,7 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from live_runs import check_exact_without_restarts, free_ports, two_runs_at_the_fault_moment
+from live_runs import (
+    REAL_TIME_FIELDS,
+    check_exact_without_restarts,
+    free_ports,
+    two_runs_at_the_fault_moment,
+)
 
 from pipeline.cli import app
 from pipeline.io import config, kafka_io, redis_client
@@ -113,24 +118,22 @@ def test_a_sentinel_that_names_no_primary_is_refused_with_exit_2(
         assert kafka_io.topic_partitions(settings.kafka_bootstrap, topic) is None, topic
 
 
-@pytest.mark.parametrize("trigger", config.TRIGGERS)
 def test_kill_9_of_the_primary_under_two_runs_fails_over_and_keeps_both_exact(
-    sentinel_set: config.Settings, trigger: str
+    sentinel_set: config.Settings,
 ) -> None:
-    """What is killed: the Redis primary, with SIGKILL. When: two runs use it at once (pkg,
-    and mixed on a drifting stream), while the mixed run has a migration in flight (the
-    controller published a table and keys' state moves between workers in Redis) and the pkg
-    run has micro-batches in flight. Recovery expected: within seconds the sentinels promote a
-    replica, which holds every apply a replica acknowledged (``WAIT``); every stage's client
-    (Spark's workers, grouping stage, aggregator, controller, producers) reconnects to it
-    through the sentinels and retries, an apply cut off is applied there once, and the
-    migration completes. No stage of either run restarts, records produced = processed, and
-    every (key, window) count of each equals its ground truth. In Real-Time Mode the writers
-    in Spark's JVM do the same through Jedis's Sentinel pool, their applies guarded by Kafka
-    offsets instead of batch ids."""
-    real_time = {"max_records_per_batch": None} if trigger == config.REAL_TIME else {}
-    fields = {"trigger": trigger, **real_time}
-    with two_runs_at_the_fault_moment(config.load(), f"sentinel-{trigger}", **fields) as pipelines:
+    """What is killed: the Redis primary, with SIGKILL. When: two runs use it at once (pkg in
+    micro-batches, and mixed on a drifting stream in Spark's Real-Time Mode), while the mixed
+    run has a migration in flight (the controller published a table and keys' state moves
+    between workers in Redis) and the pkg run has micro-batches in flight. Recovery expected:
+    within seconds the sentinels promote a replica, which holds every apply a replica
+    acknowledged (``WAIT``); every stage's client (Spark's workers, grouping stage,
+    aggregator, controller, producers) reconnects to it through the sentinels and retries, an
+    apply cut off is applied there once, and the migration completes. The real-time writers in
+    Spark's JVM do the same through Jedis's Sentinel pool, their applies guarded by Kafka
+    offsets instead of batch ids. No stage of either run restarts, records produced =
+    processed, and every (key, window) count of each equals its ground truth."""
+    settings = config.load()
+    with two_runs_at_the_fault_moment(settings, "sentinel", mixed=REAL_TIME_FIELDS) as pipelines:
         killed = kill_primary(sentinel_set)
         wait_for_failover(sentinel_set, killed)
         for pipeline in pipelines:

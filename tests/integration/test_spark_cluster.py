@@ -8,9 +8,10 @@ cluster with fewer executor cores than the tasks of a micro-batch, and a master 
 answer, are refused at start with one line and exit 2, and the refused session is gone from
 the master (nothing left half-started).
 
-Two fault tests kill a part of the cluster with SIGKILL mid-run, each while
-two runs share the cluster (each asks for its tasks' cores only, ``spark.cores.max``): one
-under pkg, one under mixed with a migration in flight; each is described in its docstring.
+Two fault tests kill a part of the cluster (a worker; an executor) with SIGKILL mid-run, each
+while two runs share the cluster (each asks for its tasks' cores only, ``spark.cores.max``): one
+under pkg, one under mixed with a migration in flight, the executor's with the mixed run in
+Spark's Real-Time Mode; each is described in its docstring.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_runs import check_exact_without_restarts, two_runs_at_the_fault_moment
+from live_runs import REAL_TIME_FIELDS, check_exact_without_restarts, two_runs_at_the_fault_moment
 
 from pipeline.cli import app
 from pipeline.io import config, probes
@@ -100,7 +101,7 @@ def two_runs_on(
     master: str, settings: config.Settings, tag: str, **fields: Any
 ) -> contextlib.AbstractContextManager[list[Pipeline]]:
     """:func:`live_runs.two_runs_at_the_fault_moment` on the cluster, W = 4 each, so each
-    asks for 4 of its 8 cores (``fields``: more of the plans' fields)."""
+    asks for 4 of its 8 cores (``fields``: more of its arguments)."""
     return two_runs_at_the_fault_moment(settings, tag, spark_master=master, workers=4, **fields)
 
 
@@ -153,36 +154,22 @@ def test_kill_9_of_a_spark_worker_under_two_runs_keeps_both_exact(
             check_exact_without_restarts(pipeline)
 
 
-def test_kill_9_of_an_executor_under_two_runs_keeps_both_exact(
+def test_kill_9_of_an_executor_of_each_trigger_under_two_runs_keeps_both_exact(
     whole_cluster: str, settings: config.Settings
 ) -> None:
-    """What is killed: one executor JVM (SIGKILL), its worker left running. When: two runs
-    share the cluster (pkg, and mixed on a drifting stream), while the mixed run has a
-    migration in flight and the pkg run has micro-batches in flight. Recovery expected: the
-    standalone worker launches a new executor for the application that lost one, its Spark
-    re-runs the lost tasks, the other run goes on untouched, the migration completes, and
-    every (key, window) count of each run equals its ground truth with no stage restarted."""
-    with two_runs_on(whole_cluster, settings, "spark-executor") as pipelines:
-        victims = executor_pids(settings, pipelines)
-        assert len(victims) == 4, f"two executors per run expected, found {victims}"
-        os.kill(victims[0], signal.SIGKILL)
-        for pipeline in pipelines:
-            check_exact_without_restarts(pipeline)
-
-
-def test_kill_9_of_an_executor_in_real_time_mode_keeps_both_exact(
-    whole_cluster: str, settings: config.Settings
-) -> None:
-    """The test above with both runs in Spark's Real-Time Mode (``--trigger real-time``): the
-    killed executor held two of a run's four long-running tasks and their writers. Recovery
-    expected: Spark restarts the real-time batch on the executors it has (a new one joins),
-    replaying it from its start; each writer skips every row at or below the offset Redis
-    applied for its partition, so nothing counts twice; the migration completes. No stage
-    restarts, and every (key, window) count of each run equals its ground truth."""
-    real_time = {"trigger": config.REAL_TIME, "max_records_per_batch": None}
-    with two_runs_on(whole_cluster, settings, "rt-executor", **real_time) as pipelines:
-        victims = executor_pids(settings, pipelines)
-        assert len(victims) == 4, f"two executors per run expected, found {victims}"
-        os.kill(victims[0], signal.SIGKILL)
-        for pipeline in pipelines:
+    """What is killed: one executor JVM of each run (SIGKILL), the workers left running.
+    When: two runs share the cluster, pkg in micro-batches with micro-batches in flight, and
+    mixed on a drifting stream in Spark's Real-Time Mode with a migration in flight (the
+    killed executor held two of its four long-running tasks and their writers). Recovery
+    expected: each standalone worker launches a new executor for the application that lost
+    one; pkg's Spark re-runs the lost tasks (an apply is idempotent per worker and batch);
+    mixed's restarts the real-time batch from its start, and each writer skips every row at
+    or below the offset Redis applied for its partition; the migration completes. No stage of
+    either run restarts, and every (key, window) count of each equals its ground truth."""
+    with two_runs_on(whole_cluster, settings, "spark-executor", mixed=REAL_TIME_FIELDS) as runs:
+        for pipeline in runs:
+            victims = executor_pids(settings, [pipeline])
+            assert len(victims) == 2, f"two executors per run expected, found {victims}"
+            os.kill(victims[0], signal.SIGKILL)
+        for pipeline in runs:
             check_exact_without_restarts(pipeline)
