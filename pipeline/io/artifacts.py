@@ -40,7 +40,7 @@ def _maven_copy(
     marker = output_dir / ".skewer-complete"
     if marker.exists() and marker.read_text().strip() == digest:
         return
-    with file_lock.exclusive(output_dir.with_name(f".{output_dir.name}.lock")):
+    with file_lock.exclusive(settings.run_dir / f"{output_dir.name}.lock"):
         if marker.exists() and marker.read_text().strip() == digest:
             return  # another process fetched them while this one waited
         _maven_fetch(settings, pom, output_dir, extra, what)
@@ -149,7 +149,7 @@ def ensure_realtime_writer(settings: Settings | None = None) -> Path:
     marker = jar_path.with_suffix(".sha256")
     if jar_path.exists() and marker.exists() and marker.read_text().strip() == digest.hexdigest():
         return jar_path
-    with file_lock.exclusive(jar_path.with_suffix(".lock")):
+    with file_lock.exclusive(settings.run_dir / "realtime-writer.lock"):
         if not (marker.exists() and marker.read_text().strip() == digest.hexdigest()):
             _compile_writer(jar_path, classpath, sources)
             marker.write_text(digest.hexdigest() + "\n")

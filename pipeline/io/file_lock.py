@@ -1,4 +1,4 @@
-"""One process at a time over a file of the shared cache or run directory (layer: io).
+"""One process at a time, by a lock file in the run directory (layer: io).
 
 Test sessions run side by side (pytest-xdist), and a CLI can run beside them: whoever builds
 an artifact or starts the services holds the lock; the others wait, then find it done.

@@ -47,13 +47,14 @@ def ensure_class_archive(
     archive = class_archive_path(settings)
     if archive is None or archive.is_file():
         return archive
-    with file_lock.exclusive(archive.parent / ".driver-classes.lock"):
+    with file_lock.exclusive(settings.run_dir / "class-archive.lock"):
         if archive.is_file():
             return archive  # built by another process while this one waited
         return _build(settings, archive, log)
 
 
 def _build(settings: config.Settings, archive: Path, log: Callable[[str], None]) -> Path | None:
+    archive.parent.mkdir(parents=True, exist_ok=True)
     partial = archive.with_name(f".{archive.name}.{os.getpid()}.partial")
     log("building the Spark driver's class archive (once per JDK and PySpark) ...")
     command = [sys.executable, "-m", "pipeline.runs.class_archive"]

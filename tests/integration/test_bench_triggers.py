@@ -2,8 +2,9 @@
 
 Its committed result (bench/results/triggers.md) is only as good as the code that can re-run
 it, so it runs here once against the real services with one cost, one scheme and one load:
-every run exact, a capacity per trigger, and each paced run's way from the producers to the
-grouping stage read back for every record it applied.
+every run exact, a capacity per trigger, each paced run's way from the producers to the
+grouping stage read back for every record it applied, and in real-time mode each record's way
+to its apply.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from bench import triggers
+from operators.metrics import STEADY_FROM
 from pipeline.io import config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -33,5 +35,12 @@ def test_both_triggers_are_measured_side_by_side(
         # Both parts of the way, and their bound, for the records of the steady state.
         assert 0 < run["group_p50_ms"] <= run["group_p99_ms"]
         assert run["e2e_p99_bound_ms"] >= run["steady_p99_ms"]
+    micro, real = paced
+    assert micro["e2e_p50_ms"] is None  # a micro-batch's applies carry no offsets: bound only
+    # Real-time: every record of the steady state seen applied, its own time measured.
+    records = int(real["rate"] * 3.0)
+    assert real["e2e_records"] == records - int(STEADY_FROM * records)
+    assert 0 < real["e2e_p50_ms"] <= real["e2e_p99_ms"]
+    assert real["e2e_p99_ms"] >= real["group_p99_ms"] / 2
     assert "| real-time | 0 | pkg | 25% |" in result.markdown
     assert "x micro-batch" in result.markdown

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.triggers import GroupingDelays, bound, join_delays
+from bench.triggers import AppliedOffsets, GroupingDelays, bound, end_to_end, join_delays
 
 
 def test_records_are_joined_on_their_id_in_the_order_they_were_produced() -> None:
@@ -31,3 +31,28 @@ def test_the_bound_on_produce_to_applied_takes_the_best_split() -> None:
     assert bound({0: 980, 20: 20}, way, 0.99) == 60.0  # 2 % of X above 1 ms: a = 10 ms
     assert bound({0: 100}, way, 0.5) == 2.0
     assert bound({}, way, 0.99) is None and bound({0: 1}, None, 0.99) is None
+
+
+def test_a_record_is_applied_at_the_first_read_that_shows_its_offset() -> None:
+    """``applied:{worker}`` is the last offset applied: a record counts as applied at the first
+    read at or past its offset, and a record no read reached has no time."""
+    seen = AppliedOffsets(
+        {0: np.array([4, 9]), 1: np.array([0])}, {0: np.array([100.0, 130.0]), 1: np.array([7.0])}
+    )
+    partitions, offsets = np.array([0, 0, 0, 0, 1, 1]), np.array([2, 4, 5, 10, 0, 1])
+    applied = seen.applied_ms(partitions, offsets)
+    assert applied[:3].tolist() == [100.0, 100.0, 130.0] and applied[4] == 7.0
+    assert np.isnan(applied[3]) and np.isnan(applied[5])
+
+
+def test_exact_quantiles_are_the_records_own_times() -> None:
+    delays = GroupingDelays(np.array([1.0, 2.0, 3.0, 40.0]))
+    assert delays.exact_quantile(0.5) == 3.0  # the higher of a tie, never under the truth
+    assert delays.exact_quantile(0.99) == 40.0
+    assert GroupingDelays(np.zeros(0)).exact_quantile(0.5) is None
+
+
+def test_produce_to_applied_is_measured_where_watched_and_a_bound_elsewhere() -> None:
+    assert end_to_end({"e2e_p50_ms": 41.0, "e2e_p99_ms": 180.5}) == "41.0 / 180.5"
+    bounded = {"e2e_p50_ms": None, "e2e_p50_bound_ms": 536.1, "e2e_p99_bound_ms": 943.9}
+    assert end_to_end(bounded) == "<= 536.1 / <= 943.9"
