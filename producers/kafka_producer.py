@@ -197,6 +197,7 @@ def produce_stream(
     on_acked: Callable[[int], None] | None = None,
     redis_replicas: int = 0,
     wait_to_start: Callable[[], None] | None = None,
+    linger_ms: int = kafka_io.LINGER_MS,
 ) -> ProduceResult:
     """Send ``keys`` to ``keys``-topic partitions 0..S-1 and record the truth; see the module.
 
@@ -211,6 +212,7 @@ def produce_stream(
     called once the stream is planned, its truth written and the producer connected, before
     the first record is sent (a gated producer waits there for its run to be ready; paced
     event times then start when it started, ahead of the first send by the wait).
+    ``linger_ms``: Kafka's ``linger.ms`` of the producers.
     """
     from confluent_kafka import Producer
 
@@ -242,7 +244,9 @@ def produce_stream(
     # the produce call itself.
     producer = Producer(
         kafka_io.producer_config(
-            bootstrap, on_delivery=on_delivery, **{"delivery.report.only.error": True}
+            bootstrap,
+            on_delivery=on_delivery,
+            **{"delivery.report.only.error": True, "linger.ms": linger_ms},
         )
     )
     topic = names.keys_topic

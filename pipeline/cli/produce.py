@@ -9,7 +9,8 @@ second of event time) unless ``--rate R`` paces real time at R records per secon
 every (key, window) goes to Redis (``skewer:{run}:truth:{window}``) before sending; the command
 exits when every record is acknowledged. ``--gated`` starts up (workload, plan, truth, Kafka
 connection) and then waits for the run's go before it sends. ``--json`` prints one object (records,
-windows, seconds, rate). Exit 2 on bad arguments, 1 when Kafka or Redis does not answer.
+windows, seconds, rate). ``--linger-ms`` is the producers' ``linger.ms``. Exit 2 on bad arguments,
+1 when Kafka or Redis does not answer.
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--start-ms", type=int, help="synthetic event time of record 0 (default: now, aligned)"
     )
     parser.add_argument(
+        "--linger-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="Kafka's linger.ms of the producers: how long a record waits for its batch to fill "
+        "(default 10; skewer demo --trigger real-time passes 1)",
+    )
+    parser.add_argument(
         "--gated",
         action="store_true",
         help="start up, then wait for the run's go (skewer demo gives it once the workers are "
@@ -72,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if not args.event_rate > 0 or (args.rate is not None and not args.rate > 0):
         raise UsageError("--event-rate and --rate must be > 0")
+    linger_ms = kafka_io.LINGER_MS if args.linger_ms is None else args.linger_ms
+    if linger_ms < 0:
+        raise UsageError(f"--linger-ms must be >= 0, got {linger_ms}")
     try:
         workload = parse(args.workload)
         if any(f.name == "n" for f in dataclasses.fields(workload)):
@@ -107,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
             on_acked=producer_metrics.ProducerMetrics(exporter.labels, args.sources).acked,
             redis_replicas=replicas_to_wait(settings.redis_url),
             wait_to_start=(lambda: wait_for_go(redis_client, names)) if args.gated else None,
+            linger_ms=linger_ms,
         )
     except RuntimeError as error:
         print(f"skewer produce: error: {error}", file=sys.stderr)

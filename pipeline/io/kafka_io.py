@@ -85,13 +85,21 @@ class RunNames:
         return f"skewer.{self.run_id}.{self.topic_prefix}group.{source}"
 
 
+#: How long a producer holds a record for more to join its batch (Kafka's ``linger.ms``; ``skewer
+#: produce --linger-ms``): well within a micro-batch's cycle, and fewer, fuller requests.
+LINGER_MS = 10
+#: A real-time run's producers send a record at once: its wait for a batch would be part of a
+#: latency measured in milliseconds.
+REAL_TIME_LINGER_MS = 1
+
+
 def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
     """An idempotent producer: exactly once per partition across retries, order kept."""
     config: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
         "enable.idempotence": True,
         "acks": "all",
-        "linger.ms": 10,
+        "linger.ms": LINGER_MS,
         "batch.num.messages": 10_000,
         "queue.buffering.max.messages": 1_000_000,
         "message.max.bytes": LARGE_MESSAGE_BYTES + 65_536,

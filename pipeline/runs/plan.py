@@ -241,6 +241,8 @@ class RunPlan:
             out += ["--event-rate", _number(self.event_rate)]
             if self.rate is not None:
                 out += ["--rate", _number(self.rate)]
+            if self.trigger == config.REAL_TIME:
+                out += ["--linger-ms", str(kafka_io.REAL_TIME_LINGER_MS)]
             return [*out, *run, "--json"]
         params = [word for item in self.params for word in ("--param", item)]
         if stage == "group":

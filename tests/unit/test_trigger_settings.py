@@ -37,6 +37,26 @@ def test_a_plan_passes_its_trigger_to_the_worker_stage() -> None:
     assert real_time.work_options(config.load({})).trigger == "real-time"
 
 
+def test_a_real_time_plans_producers_send_each_record_at_once() -> None:
+    """linger.ms 1 for a real-time run's producers (a batch's wait would be its latency), the
+    default for a micro-batch run's; a bad value is one line and exit 2."""
+    from pipeline.cli import app
+    from pipeline.io import kafka_io
+
+    real_time = RunPlan("pkg", 10, run_id="r", trigger="real-time").argv("produce")
+    assert real_time[real_time.index("--linger-ms") + 1] == str(kafka_io.REAL_TIME_LINGER_MS)
+    assert "--linger-ms" not in RunPlan("pkg", 10, run_id="r").argv("produce")
+    parsed = app.build_parser().parse_args(real_time)
+    assert parsed.linger_ms == kafka_io.REAL_TIME_LINGER_MS
+
+
+def test_a_negative_linger_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.cli import app
+
+    assert app.main(["produce", "--records", "10", "--linger-ms", "-1"]) == 2
+    assert capsys.readouterr().err == "skewer produce: error: --linger-ms must be >= 0, got -1\n"
+
+
 def test_settings_that_real_time_mode_cannot_take_are_one_line() -> None:
     with pytest.raises(ValueError, match="--trigger must be one of micro-batch, real-time"):
         RunPlan("pkg", 10, trigger="fast", run_id="r").validate()
