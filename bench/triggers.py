@@ -79,15 +79,15 @@ APPLIED_POLL_SECONDS = 0.001
 
 
 @dataclass(frozen=True)
-class GroupingDelays:
+class RecordDelays:
     """Each DATA record's time from its producer's Kafka timestamp to a later moment of its
     way (ms), joined on the header's (producer, seq), in the order they were produced."""
 
     delays_ms: np.ndarray
 
-    def steady(self) -> GroupingDelays:
+    def steady(self) -> RecordDelays:
         """The records after the first :data:`STEADY_FROM` of them (the workers' cut)."""
-        return GroupingDelays(self.delays_ms[int(STEADY_FROM * self.delays_ms.size) :])
+        return RecordDelays(self.delays_ms[int(STEADY_FROM * self.delays_ms.size) :])
 
     def quantile(self, q: float) -> float | None:
         """The ``q`` quantile as the workers' histogram bins it (upper bucket edge)."""
@@ -135,16 +135,21 @@ class AppliedOffsetPoller:
     def __init__(self, client: Any, keys: Sequence[str]) -> None:
         self._client, self._keys = client, list(keys)
         self._seen: list[tuple[float, int, int]] = []
+        #: Why the reads stopped before :meth:`stop`, if they did.
+        self.failure: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="applied-offsets", daemon=True)
         self._thread.start()
 
     def _poll(self) -> None:
+        from redis.exceptions import RedisError
+
         last: list[int | None] = [None] * len(self._keys)
         while not self._stop.wait(APPLIED_POLL_SECONDS):
             try:
                 values = self._client.mget(self._keys)
-            except Exception:  # the run and its Redis keys are being torn down
+            except RedisError as error:  # the later applies would go unseen: no figure at all
+                self.failure = str(error)
                 return
             now_ms = time.time() * 1000.0
             for worker, value in enumerate(values):
@@ -152,9 +157,13 @@ class AppliedOffsetPoller:
                     last[worker] = int(value)
                     self._seen.append((now_ms, worker, int(value)))
 
-    def stop(self) -> AppliedOffsets:
+    def stop(self) -> AppliedOffsets | None:
+        """What was seen; None if the reads stopped early (a record applied after that would
+        be missing, and the figures biased)."""
         self._stop.set()
         self._thread.join(timeout=5)
+        if self.failure is not None:
+            return None
         offsets: dict[int, np.ndarray] = {}
         times: dict[int, np.ndarray] = {}
         for worker in range(len(self._keys)):
@@ -169,8 +178,8 @@ class PathDelays:
     """Each record's time from its producer to the grouping stage and, when the workers'
     applies were watched, to its apply."""
 
-    to_group: GroupingDelays
-    to_applied: GroupingDelays | None
+    to_group: RecordDelays
+    to_applied: RecordDelays | None
 
 
 def path_delays(
@@ -209,7 +218,7 @@ def join_delays(
     produced_ms: np.ndarray,
     grouped_ids: np.ndarray,
     grouped_ms: np.ndarray,
-) -> GroupingDelays:
+) -> RecordDelays:
     """Each grouped record's time since its production (the record of the same id), in the
     order they were produced; a grouped id without a produced record is left out.
 
@@ -218,13 +227,13 @@ def join_delays(
     [9.0, 6.0, 30.0]
     """
     if not produced_ids.size:
-        return GroupingDelays(np.zeros(0))
+        return RecordDelays(np.zeros(0))
     order = np.argsort(produced_ids)
     ids, stamps = produced_ids[order], produced_ms[order]
     at = np.minimum(np.searchsorted(ids, grouped_ids), ids.size - 1)
     found = ids[at] == grouped_ids
     produced, delays = stamps[at[found]], grouped_ms[found] - stamps[at[found]]
-    return GroupingDelays(delays[np.argsort(produced, kind="stable")].astype(np.float64))
+    return RecordDelays(delays[np.argsort(produced, kind="stable")].astype(np.float64))
 
 
 class DelayTrace(Trace):
@@ -232,8 +241,10 @@ class DelayTrace(Trace):
     while it goes, and reads each record's way back when the run ends (before the run's
     topics are deleted)."""
 
-    delays: GroupingDelays | None = None
-    to_applied: GroupingDelays | None = None
+    delays: RecordDelays | None = None
+    to_applied: RecordDelays | None = None
+    #: Why the applied offsets were not read to the run's end (then ``to_applied`` is None).
+    watch_failure: str | None = None
     _poller: AppliedOffsetPoller | None = None
 
     def start(self, pipeline: Any) -> None:
@@ -246,6 +257,7 @@ class DelayTrace(Trace):
     def end(self, pipeline: Any, summary: Any) -> None:
         super().end(pipeline, summary)
         applied = self._poller.stop() if self._poller is not None else None
+        self.watch_failure = self._poller.failure if self._poller is not None else None
         self._poller = None
         names = pipeline.plan.names
         delays = path_delays(
@@ -255,7 +267,7 @@ class DelayTrace(Trace):
         self.to_applied = delays.to_applied.steady() if delays.to_applied is not None else None
 
 
-def bound(apply: dict[int, int], delays: GroupingDelays | None, q: float) -> float | None:
+def bound(apply: dict[int, int], delays: RecordDelays | None, q: float) -> float | None:
     """The tightest union bound on the ``q`` quantile of produce -> applied, X + Y with X the
     workers' histogram (``apply``) and Y each record's way to the grouping stage (``delays``).
 
@@ -263,7 +275,7 @@ def bound(apply: dict[int, int], delays: GroupingDelays | None, q: float) -> flo
     the bound is the least a + b with P(X > a) + P(Y > b) <= 1 - q, a over the histogram's
     bucket edges (every record of a bucket is at most its edge) and b over Y's own values.
 
-    >>> way = GroupingDelays(np.array([1.0] * 98 + [50.0] * 2))
+    >>> way = RecordDelays(np.array([1.0] * 98 + [50.0] * 2))
     >>> bound({0: 995, 20: 5}, way, 0.99), bound({0: 980, 20: 20}, way, 0.99)
     (51.0, 60.0)
     """
@@ -336,6 +348,8 @@ def run(
             e2e_p99_ms=trace.to_applied.exact_quantile(0.99) if trace.to_applied else None,
             e2e_records=int(trace.to_applied.delays_ms.size) if trace.to_applied else None,
         )
+        if trace.watch_failure:
+            log(f"{label}: the applied offsets were not read to the end ({trace.watch_failure})")
         log(
             f"{label}: {summary.throughput or 0:,.0f} records/s, steady "
             f"{figures['steady_rate'] or 0:,.0f}/s, apply p50/p99 {figures['steady_p50_ms']}/"

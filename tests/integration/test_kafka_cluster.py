@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -161,6 +162,7 @@ def test_the_documented_cluster_runs_the_demo_exactly(
 
 
 def test_topics_on_the_cluster_have_three_replicas_two_in_sync(cluster: config.Settings) -> None:
+    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import AdminClient, ConfigResource
 
     topic = f"replicas-{new_run_id()[5:]}"
@@ -169,8 +171,19 @@ def test_topics_on_the_cluster_have_three_replicas_two_in_sync(cluster: config.S
     try:
         assert topic_replicas(bootstrap, topic) == {3}
         admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-        (described,) = admin.describe_configs([ConfigResource("topic", topic)]).values()
-        assert described.result()["min.insync.replicas"].value == "2"
+        # The broker asked may learn of the new topic a moment after the one that created it.
+        deadline = time.monotonic() + 30
+        while True:
+            (described,) = admin.describe_configs([ConfigResource("topic", topic)]).values()
+            try:
+                configs = described.result()
+                break
+            except KafkaException as error:
+                if error.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise
+                assert time.monotonic() < deadline, f"no broker describes {topic} after 30 s"
+                time.sleep(0.2)
+        assert configs["min.insync.replicas"].value == "2"
     finally:
         kafka_io.delete_topics(bootstrap, [topic])
 

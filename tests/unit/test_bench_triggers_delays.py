@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.triggers import AppliedOffsets, GroupingDelays, bound, end_to_end, join_delays
+from bench.triggers import AppliedOffsets, RecordDelays, bound, end_to_end, join_delays
 
 
 def test_records_are_joined_on_their_id_in_the_order_they_were_produced() -> None:
@@ -17,16 +17,16 @@ def test_records_are_joined_on_their_id_in_the_order_they_were_produced() -> Non
 
 
 def test_the_steady_cut_leaves_out_the_first_fifth_produced() -> None:
-    delays = GroupingDelays(np.arange(10, dtype=np.float64))
+    delays = RecordDelays(np.arange(10, dtype=np.float64))
     assert delays.steady().delays_ms.tolist() == list(range(2, 10))
     assert delays.quantile(1.0) is not None
-    assert GroupingDelays(np.zeros(0)).quantile(0.5) is None
+    assert RecordDelays(np.zeros(0)).quantile(0.5) is None
 
 
 def test_the_bound_on_produce_to_applied_takes_the_best_split() -> None:
     """P(X + Y > a + b) <= P(X > a) + P(Y > b): the least a + b that keeps the sum within
     1 - q, a over the histogram's bucket edges (1 ms, 10 ms here), b over Y's values."""
-    way = GroupingDelays(np.array([1.0] * 98 + [50.0] * 2))
+    way = RecordDelays(np.array([1.0] * 98 + [50.0] * 2))
     assert bound({0: 995, 20: 5}, way, 0.99) == 51.0  # 0.5 % of X above 1 ms, 2 % of Y at 50
     assert bound({0: 980, 20: 20}, way, 0.99) == 60.0  # 2 % of X above 1 ms: a = 10 ms
     assert bound({0: 100}, way, 0.5) == 2.0
@@ -46,10 +46,10 @@ def test_a_record_is_applied_at_the_first_read_that_shows_its_offset() -> None:
 
 
 def test_exact_quantiles_are_the_records_own_times() -> None:
-    delays = GroupingDelays(np.array([1.0, 2.0, 3.0, 40.0]))
+    delays = RecordDelays(np.array([1.0, 2.0, 3.0, 40.0]))
     assert delays.exact_quantile(0.5) == 3.0  # the higher of a tie, never under the truth
     assert delays.exact_quantile(0.99) == 40.0
-    assert GroupingDelays(np.zeros(0)).exact_quantile(0.5) is None
+    assert RecordDelays(np.zeros(0)).exact_quantile(0.5) is None
 
 
 def test_produce_to_applied_is_measured_where_watched_and_a_bound_elsewhere() -> None:
