@@ -33,6 +33,7 @@ import numpy as np
 from operators.base import KeyStatistics, RoutingTable
 from operators.keys import KeyBatch
 from pipeline.io.records import END_OF_STREAM
+from pipeline.io.redis_client import register_script
 from pipeline.io.redis_layout import COMPLETE_SCRIPT, MIGRATE_SCRIPT, RunKeys
 
 if TYPE_CHECKING:
@@ -175,8 +176,8 @@ class ControlPlane:
     def __init__(self, client: redis_module.Redis, run_id: str) -> None:
         self.client = client
         self.keys = RunKeys(run_id)
-        self._migrate = client.register_script(MIGRATE_SCRIPT)
-        self._complete = client.register_script(COMPLETE_SCRIPT)
+        self._migrate = register_script(client, MIGRATE_SCRIPT)
+        self._complete = register_script(client, COMPLETE_SCRIPT)
 
     # -- everyone ----------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
@@ -218,6 +219,33 @@ def retry_through_restarts(client: redis.Redis) -> redis.Redis:
     errors = (ConnectionError, TimeoutError, socket.timeout, BusyLoadingError)
     client.set_retry(Retry(ExponentialBackoff(cap=1.0, base=0.05), REDIS_RETRIES, errors))
     return client
+
+
+#: Times a Lua script is run again after Redis said it does not know it (a restarted Redis
+#: forgets every loaded script, and can forget one loaded while it still read its data).
+SCRIPT_ATTEMPTS = 5
+
+
+def register_script(client: redis.Redis, text: str) -> Any:
+    """``client.register_script(text)`` whose calls load the script again and re-run it while
+    Redis answers NOSCRIPT (:data:`SCRIPT_ATTEMPTS`): redis-py reloads it once only, and a
+    Redis restarted between that load and the run forgets it again. Re-running is safe: the
+    scripts exactness rests on are guarded (:func:`retry_through_restarts`)."""
+    from redis.commands.core import Script
+    from redis.exceptions import NoScriptError
+
+    class ReloadedScript(Script):
+        def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+            for attempt in range(1, SCRIPT_ATTEMPTS + 1):
+                try:
+                    return super().__call__(keys, args, client)
+                except NoScriptError:
+                    if attempt == SCRIPT_ATTEMPTS:
+                        raise
+                    time.sleep(0.1 * attempt)
+            raise AssertionError("unreachable")
+
+    return ReloadedScript(client, text)
 
 
 def connect_redis(url: str, timeout: float = 5.0) -> redis.Redis:

@@ -26,7 +26,12 @@ import numpy as np
 
 from operators.keys import KeyBatch
 from operators.windows import merge_partials
-from pipeline.io.redis_client import client_from_url, replicas_to_wait, retry_through_restarts
+from pipeline.io.redis_client import (
+    client_from_url,
+    register_script,
+    replicas_to_wait,
+    retry_through_restarts,
+)
 from pipeline.io.redis_layout import ADD_ONCE_SCRIPT, APPLY_SCRIPT, FINALIZE_SCRIPT, RunKeys
 
 if TYPE_CHECKING:
@@ -109,7 +114,7 @@ def add_once(
     and a retry reaches the promoted primary, where the marker is missing if the addition
     was lost, so it is added there. :class:`NotReplicatedError` after ``attempts`` waits."""
     args = [part for key, field, amount in increments for part in (key, field, amount)]
-    script = client.register_script(ADD_ONCE_SCRIPT)
+    script = register_script(client, ADD_ONCE_SCRIPT)
     if not replicas:
         script(keys=[marker], args=args)
         return
@@ -201,8 +206,8 @@ class StateStore:
         self.keys = RunKeys(run_id)
         #: Replicas each apply waits for (``WAIT``); 0 (a lone Redis): no wait, no round trip.
         self.replicas = replicas
-        self._apply = client.register_script(APPLY_SCRIPT)
-        self._finalize = client.register_script(FINALIZE_SCRIPT)
+        self._apply = register_script(client, APPLY_SCRIPT)
+        self._finalize = register_script(client, FINALIZE_SCRIPT)
 
     @classmethod
     def from_url(cls, url: str, run_id: str) -> StateStore:
