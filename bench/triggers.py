@@ -134,7 +134,8 @@ class AppliedOffsetPoller:
 
     def __init__(self, client: Any, keys: Sequence[str]) -> None:
         self._client, self._keys = client, list(keys)
-        self._seen: list[tuple[float, int, int]] = []
+        #: Per worker, (when, offset) of each new applied offset seen, in the order seen.
+        self._seen: list[list[tuple[float, int]]] = [[] for _ in self._keys]
         #: Why the reads stopped before :meth:`stop`, if they did.
         self.failure: str | None = None
         self._stop = threading.Event()
@@ -144,7 +145,6 @@ class AppliedOffsetPoller:
     def _poll(self) -> None:
         from redis.exceptions import RedisError
 
-        last: list[int | None] = [None] * len(self._keys)
         while not self._stop.wait(APPLIED_POLL_SECONDS):
             try:
                 values = self._client.mget(self._keys)
@@ -152,10 +152,9 @@ class AppliedOffsetPoller:
                 self.failure = str(error)
                 return
             now_ms = time.time() * 1000.0
-            for worker, value in enumerate(values):
-                if value is not None and int(value) != last[worker]:
-                    last[worker] = int(value)
-                    self._seen.append((now_ms, worker, int(value)))
+            for seen, value in zip(self._seen, values, strict=True):
+                if value is not None and (not seen or seen[-1][1] != int(value)):
+                    seen.append((now_ms, int(value)))
 
     def stop(self) -> AppliedOffsets | None:
         """What was seen; None if the reads stopped early (a record applied after that would
@@ -166,10 +165,9 @@ class AppliedOffsetPoller:
             return None
         offsets: dict[int, np.ndarray] = {}
         times: dict[int, np.ndarray] = {}
-        for worker in range(len(self._keys)):
-            mine = [(t, o) for t, w, o in self._seen if w == worker]
-            offsets[worker] = np.array([o for _, o in mine], dtype=np.int64)
-            times[worker] = np.array([t for t, _ in mine], dtype=np.float64)
+        for worker, seen in enumerate(self._seen):
+            offsets[worker] = np.array([offset for _, offset in seen], dtype=np.int64)
+            times[worker] = np.array([when for when, _ in seen], dtype=np.float64)
         return AppliedOffsets(offsets, times)
 
 

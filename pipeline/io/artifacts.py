@@ -38,10 +38,14 @@ def _maven_copy(
     """
     digest = hashlib.sha256(pom.read_bytes() + "\0".join(extra).encode()).hexdigest()
     marker = output_dir / ".skewer-complete"
-    if marker.exists() and marker.read_text().strip() == digest:
+
+    def fetched() -> bool:
+        return marker.exists() and marker.read_text().strip() == digest
+
+    if fetched():
         return
     with file_lock.exclusive(settings.run_dir / f"{output_dir.name}.lock"):
-        if marker.exists() and marker.read_text().strip() == digest:
+        if fetched():
             return  # another process fetched them while this one waited
         _maven_fetch(settings, pom, output_dir, extra, what)
         marker.write_text(digest + "\n")
@@ -147,10 +151,18 @@ def ensure_realtime_writer(settings: Settings | None = None) -> Path:
         digest.update(jar.name.encode() + b"\0")
     jar_path = settings.realtime_writer_jar
     marker = jar_path.with_suffix(".sha256")
-    if jar_path.exists() and marker.exists() and marker.read_text().strip() == digest.hexdigest():
+
+    def built() -> bool:
+        return (
+            jar_path.exists()
+            and marker.exists()
+            and marker.read_text().strip() == digest.hexdigest()
+        )
+
+    if built():
         return jar_path
     with file_lock.exclusive(settings.run_dir / "realtime-writer.lock"):
-        if not (marker.exists() and marker.read_text().strip() == digest.hexdigest()):
+        if not built():  # another process may have compiled it while this one waited
             _compile_writer(jar_path, classpath, sources)
             marker.write_text(digest.hexdigest() + "\n")
     return jar_path

@@ -231,21 +231,26 @@ def register_script(client: redis.Redis, text: str) -> Any:
     Redis answers NOSCRIPT (:data:`SCRIPT_ATTEMPTS`): redis-py reloads it once only, and a
     Redis restarted between that load and the run forgets it again. Re-running is safe: the
     scripts exactness rests on are guarded (:func:`retry_through_restarts`)."""
+    return _reloaded_script_class()(client, text)
+
+
+@functools.cache
+def _reloaded_script_class() -> type:
+    """redis-py's ``Script``, run again on NOSCRIPT (a class made on first use, as
+    :func:`_sentinel_connection_class`)."""
     from redis.commands.core import Script
     from redis.exceptions import NoScriptError
 
     class ReloadedScript(Script):
         def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
-            for attempt in range(1, SCRIPT_ATTEMPTS + 1):
+            for attempt in range(1, SCRIPT_ATTEMPTS):
                 try:
                     return super().__call__(keys, args, client)
                 except NoScriptError:
-                    if attempt == SCRIPT_ATTEMPTS:
-                        raise
                     time.sleep(0.1 * attempt)
-            raise AssertionError("unreachable")
+            return super().__call__(keys, args, client)
 
-    return ReloadedScript(client, text)
+    return ReloadedScript
 
 
 def connect_redis(url: str, timeout: float = 5.0) -> redis.Redis:
