@@ -71,7 +71,7 @@ SATURATING_RECORDS = {0.0: 400_000, 500.0: 200_000}
 SETTLE_SECONDS = 5.0
 #: The grouping stage's transaction cadence per trigger: the default 100 ms is within a
 #: micro-batch's cycle, and would be most of a real-time path's latency.
-COMMIT_INTERVAL_MS = {MICRO_BATCH: 100, REAL_TIME: 5}
+COMMIT_INTERVAL_MS = {MICRO_BATCH: 100, REAL_TIME: 20}
 
 
 #: Seconds between two reads of the real-time workers' applied offsets.
