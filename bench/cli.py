@@ -126,6 +126,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     migration.add_argument("--out", type=Path, help="output directory (default bench/results)")
     migration.set_defaults(handler=run_migration)
+    soak = commands.add_parser(
+        "soak", help="two runs for an hour under seeded kill -9s: exact, flat, recovered"
+    )
+    soak.add_argument("--minutes", type=float, default=60.0, help="how long (60)")
+    soak.add_argument(
+        "--load", type=float, default=0.5, help="share of pkg's capacity on the cluster (0.5)"
+    )
+    soak.add_argument("--faults", type=int, default=24, help="how many kill -9s (24)")
+    soak.add_argument("--seed", type=int, default=1, help="of the fault schedule and stream (1)")
+    soak.add_argument(
+        "--kinds", nargs="+", metavar="KIND", help="these fault kinds (all of bench.chaos.KINDS)"
+    )
+    soak.add_argument(
+        "--rate", type=float, help="records/s of each run instead of --load x capacity"
+    )
+    soak.add_argument("--out", type=Path, help="output directory (default bench/results)")
+    soak.set_defaults(handler=run_soak)
     scale = commands.add_parser(
         "scale", help="workers on 1, 2, 4 Spark executors; the grouping stage at replication 1, 3"
     )
@@ -401,6 +418,42 @@ def run_triggers(args: argparse.Namespace) -> int:
             log=_log,
         ),
     )
+
+
+def run_soak(args: argparse.Namespace) -> int:
+    from bench import chaos, soak
+    from pipeline.cli.arguments import UsageError
+
+    kinds = args.kinds or list(chaos.KINDS)
+    command = _command(
+        args,
+        "--minutes",
+        f"{args.minutes:g}",
+        "--load",
+        f"{args.load:g}",
+        "--faults",
+        str(args.faults),
+        "--seed",
+        str(args.seed),
+        *(["--kinds", *kinds] if args.kinds else []),
+        *(["--rate", f"{args.rate:g}"] if args.rate else []),
+    )
+    try:
+        return _write_live(
+            args,
+            command,
+            lambda: soak.run(
+                minutes=args.minutes,
+                load=args.load,
+                faults=args.faults,
+                seed=args.seed,
+                kinds=kinds,
+                rate=args.rate,
+                log=_log,
+            ),
+        )
+    except soak.SoakError as error:
+        raise UsageError(str(error)) from None
 
 
 def run_migration(args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.io import config
-from pipeline.runs.orchestrator import Pipeline
+from pipeline.runs.orchestrator import Pipeline, start_together
 from pipeline.runs.plan import RunPlan
 from pipeline.runs.summary import RunSummary
 
@@ -341,20 +341,7 @@ def two_runs_at_the_fault_moment(
     ]
     with contextlib.ExitStack() as runs:
         pipelines = [runs.enter_context(run_of(plan, settings)) for plan in plans]
-        # Both Spark applications start at once; the stages are started from this thread, as
-        # they die with the thread that started them (PR_SET_PDEATHSIG).
-        for pipeline in pipelines:
-            pipeline.prepare()
-            pipeline.start("work")
-        for pipeline in pipelines:
-            pipeline.wait_work_ready()
-        for pipeline in pipelines:
-            pipeline.start_all([s for s in pipeline.plan.stages if s not in ("work", "produce")])
-        for pipeline in pipelines:
-            pipeline.wait_group_ready()
-            pipeline.wait_workers_applied()
-        for pipeline in pipelines:
-            pipeline.start("produce")
+        start_together(pipelines)
         wait_for_the_fault_moment(pipelines[1])
         pkg = pipelines[0]
         assert pkg.progress().processed < pkg.plan.records, "the pkg run ended before the fault"

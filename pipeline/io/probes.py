@@ -151,3 +151,27 @@ def docker_answers(socket_path: Path | str, timeout: float = 2.0) -> bool:
         return False
     status = reply.split(b"\r\n", 1)[0].split()
     return len(status) >= 2 and status[1] == b"200" and reply.endswith(b"\r\n\r\nOK")
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode`` (of a text of BMP characters), as a signed 32-bit int.
+
+    >>> java_string_hash("hello"), java_string_hash("skewer-source-0") < 0
+    (99162322, False)
+    """
+    value = 0
+    for character in text:
+        value = (31 * value + ord(character)) & 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def transaction_coordinator(bootstrap: str, transactional_id: str) -> int:
+    """The node id that coordinates ``transactional_id``: the leader of its partition of
+    ``__transaction_state``, ``abs(hashCode) % partitions`` (Kafka's
+    TransactionStateManager.partitionFor, where abs clears the sign bit)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(admin_config(bootstrap))
+    topic = admin.list_topics(topic="__transaction_state", timeout=10).topics["__transaction_state"]
+    partition = (java_string_hash(transactional_id) & 0x7FFFFFFF) % len(topic.partitions)
+    return topic.partitions[partition].leader

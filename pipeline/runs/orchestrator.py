@@ -621,6 +621,25 @@ def _produced(store: StateStore) -> int | None:
     return produced_records(store) or None
 
 
+def start_together(pipelines: Sequence[Pipeline]) -> None:
+    """Start the stages of several runs side by side, their producers together once every run
+    is ready: the Spark applications start at once, then the other stages, then every
+    producer. Call from the thread that will stop the runs (a stage dies with the thread that
+    started it)."""
+    for pipeline in pipelines:
+        pipeline.prepare()
+        pipeline.start("work")
+    for pipeline in pipelines:
+        pipeline.wait_work_ready()
+    for pipeline in pipelines:
+        pipeline.start_all([s for s in pipeline.plan.stages if s not in ("work", "produce")])
+    for pipeline in pipelines:
+        pipeline.wait_group_ready()
+        pipeline.wait_workers_applied()
+    for pipeline in pipelines:
+        pipeline.start("produce")
+
+
 # --- one whole run --------------------------------------------------------------------------
 
 

@@ -166,3 +166,32 @@ class SparkWorkerService(_SparkDaemon):
             worker.get("state") == "ALIVE" and worker.get("webuiaddress") == self.web_url
             for worker in status.get("workers", [])
         )
+
+
+def active_applications(settings: Settings, timeout: float = 10.0) -> list[dict[str, object]]:
+    """The applications the native master runs now (its web UI's ``activeapps``); none when
+    it does not answer within ``timeout`` seconds."""
+    status = spark_status(SparkMasterService(settings).master_web_url, timeout)
+    return list(status["activeapps"]) if status is not None else []
+
+
+def executor_pids(settings: Settings, run_ids: list[str]) -> list[int]:
+    """The pids of the executor JVMs on this machine of the Spark applications of runs
+    ``run_ids`` (``skewer-work-{run}``, by the application ids the master gives them): another
+    application on the cluster may have executors too."""
+    names = {f"skewer-work-{run}" for run in run_ids}
+    ids = {
+        f"--app-id\0{a['id']}\0".encode()
+        for a in active_applications(settings)
+        if a["name"] in names
+    }
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and ids:
+            try:
+                command = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"CoarseGrainedExecutorBackend" in command and any(i in command for i in ids):
+                pids.append(int(entry.name))
+    return pids

@@ -32,7 +32,7 @@ from live_runs import (
     wait_for_the_fault_moment,
 )
 
-from pipeline.io import config, kafka_io
+from pipeline.io import config, kafka_io, probes
 from pipeline.runs.orchestrator import Pipeline
 from pipeline.runs.plan import RunPlan, new_run_id
 from pipeline.services import manager, process
@@ -85,26 +85,6 @@ def cluster(
         yield cluster_settings
     finally:
         manager.release(cluster_settings, NODES)
-
-
-def java_string_hash(text: str) -> int:
-    """Java's ``String.hashCode`` (of a text of BMP characters), as a signed 32-bit int."""
-    value = 0
-    for character in text:
-        value = (31 * value + ord(character)) & 0xFFFFFFFF
-    return value - (1 << 32) if value >= 1 << 31 else value
-
-
-def transaction_coordinator(bootstrap: str, transactional_id: str) -> int:
-    """The node id that coordinates ``transactional_id``: the leader of its partition of
-    ``__transaction_state``, ``abs(hashCode) % partitions`` (Kafka's
-    TransactionStateManager.partitionFor, where abs clears the sign bit)."""
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-    topic = admin.list_topics(topic="__transaction_state", timeout=10).topics["__transaction_state"]
-    partition = (java_string_hash(transactional_id) & 0x7FFFFFFF) % len(topic.partitions)
-    return topic.partitions[partition].leader
 
 
 def topic_replicas(bootstrap: str, topic: str) -> set[int]:
@@ -217,7 +197,9 @@ def test_replication_beyond_the_brokers_is_refused_with_exit_2(
 def kill_and_restart_coordinator(cluster: config.Settings, plan: RunPlan) -> int:
     """kill -9 the node coordinating source 0's transactions, start it again under the
     module's lease; its node id."""
-    coordinator = transaction_coordinator(cluster.kafka_bootstrap, plan.names.transactional_id(0))
+    coordinator = probes.transaction_coordinator(
+        cluster.kafka_bootstrap, plan.names.transactional_id(0)
+    )
     node = KafkaNodeService(cluster, coordinator)
     record = process.read_pid_file(node.pid_path)
     assert record is not None, f"{node.name} is not this module's"

@@ -20,17 +20,16 @@ import contextlib
 import os
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from live_runs import REAL_TIME_FIELDS, check_exact_without_restarts, two_runs_at_the_fault_moment
 
 from pipeline.cli import app
-from pipeline.io import config, probes
+from pipeline.io import config
 from pipeline.runs.orchestrator import Pipeline
-from pipeline.services import manager, process
-from pipeline.services.spark_standalone import SparkMasterService, SparkWorkerService
+from pipeline.services import manager, process, spark_standalone
+from pipeline.services.spark_standalone import SparkWorkerService
 
 pytestmark = [
     pytest.mark.integration,
@@ -65,12 +64,6 @@ def whole_cluster(master_url: str, settings: config.Settings) -> str:
     return master_url
 
 
-def active_applications(settings: config.Settings) -> list[dict[str, object]]:
-    status = probes.spark_status(SparkMasterService(settings).master_web_url)
-    assert status is not None
-    return list(status["activeapps"])
-
-
 def test_fewer_executor_cores_than_tasks_is_refused_with_exit_2(
     master_url: str, settings: config.Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -78,7 +71,7 @@ def test_fewer_executor_cores_than_tasks_is_refused_with_exit_2(
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2
     assert "offers 8 executor core(s), fewer than the 12 tasks" in error, error
-    assert active_applications(settings) == []
+    assert spark_standalone.active_applications(settings) == []
 
 
 def test_a_master_that_does_not_answer_is_refused_with_exit_2(
@@ -103,28 +96,6 @@ def two_runs_on(
     """:func:`live_runs.two_runs_at_the_fault_moment` on the cluster, W = 4 each, so each
     asks for 4 of its 8 cores (``fields``: more of its arguments)."""
     return two_runs_at_the_fault_moment(settings, tag, spark_master=master, workers=4, **fields)
-
-
-def executor_pids(settings: config.Settings, runs: list[Pipeline]) -> list[int]:
-    """The pids of the executor JVMs of ``runs``' Spark applications (by the application ids
-    the master gives ``skewer-work-{run}``): another test session's cluster may have some too."""
-    names = {f"skewer-work-{p.plan.run_id}" for p in runs}
-    ids = {
-        f"--app-id\0{a['id']}\0".encode()
-        for a in active_applications(settings)
-        if a["name"] in names
-    }
-    assert len(ids) == len(runs), f"not every run has an application on the master: {ids}"
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                command = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"CoarseGrainedExecutorBackend" in command and any(i in command for i in ids):
-                pids.append(int(entry.name))
-    return pids
 
 
 def test_kill_9_of_a_spark_worker_under_two_runs_keeps_both_exact(
@@ -168,7 +139,7 @@ def test_kill_9_of_an_executor_of_each_trigger_under_two_runs_keeps_both_exact(
     either run restarts, and every (key, window) count of each equals its ground truth."""
     with two_runs_on(whole_cluster, settings, "spark-executor", mixed=REAL_TIME_FIELDS) as runs:
         for pipeline in runs:
-            victims = executor_pids(settings, [pipeline])
+            victims = spark_standalone.executor_pids(settings, [pipeline.plan.run_id])
             assert len(victims) == 2, f"two executors per run expected, found {victims}"
             os.kill(victims[0], signal.SIGKILL)
         for pipeline in runs:

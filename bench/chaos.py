@@ -1,0 +1,425 @@
+"""Faults for the soak (``skewer bench soak``): a schedule of kill -9s drawn from a seed, and
+the kills and restarts themselves, on the cluster services and the stages of running pipelines.
+
+Each fault kills one process with SIGKILL, keeps it down for :data:`DOWN_SECONDS`, and starts
+it again the way docs/cluster.md says (a service with ``skewer services up NAME``, a stage with
+its own arguments); an executor is restarted by Spark itself, a Redis primary is replaced by the
+sentinels' failover before the dead one comes back as a replica (docs/performance.md#the-soak).
+
+Example (the same seed, the same schedule):
+    >>> faults = schedule(6, 300.0, seed=7)
+    >>> [f.kind for f in faults] == [f.kind for f in schedule(6, 300.0, seed=7)]
+    True
+    >>> len(faults), all(60.0 <= f.at_s <= 240.0 for f in faults)
+    (6, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: What a fault kills: a Kafka node (every other one the transaction coordinator of a grouping
+#: source), a Spark standalone worker (with its executors), one executor, the Redis primary, one
+#: source process of a grouping stage, an aggregator, a controller (waiting up to
+#: :data:`MIGRATION_WAIT_SECONDS` for a migration in flight).
+KINDS = (
+    "broker",
+    "spark-worker",
+    "executor",
+    "redis-primary",
+    "group-source",
+    "aggregator",
+    "controller",
+)
+#: Seconds a killed process stays down before it is started again.
+DOWN_SECONDS = 3.0
+#: How long a controller fault waits for a migration to strike in.
+MIGRATION_WAIT_SECONDS = 20.0
+#: Of the faults after the first, the share that strikes together with the one before it, and
+#: the share that strikes while the one before it recovers (its process just restarted).
+TOGETHER = 0.2
+DURING_RECOVERY = 0.2
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Kill ``kind`` at ``at_s`` seconds into the soak; ``pick`` chooses which one (a run, a
+    node, a worker, a source: modulo how many there are)."""
+
+    at_s: float
+    kind: str
+    pick: int
+
+
+def schedule(
+    count: int,
+    seconds: float,
+    seed: int,
+    kinds: Sequence[str] = KINDS,
+    *,
+    margin: float = 0.2,
+) -> list[Fault]:
+    """``count`` faults over the middle of a soak of ``seconds`` (``margin`` of it left quiet
+    at either end), every kind in turn in an order drawn from ``seed``. Each fault after the
+    first joins the episode of the one before it with probability :data:`TOGETHER` (at the
+    same moment) and :data:`DURING_RECOVERY` (just after the episode's first restart), unless
+    its kind is in the episode already (so two faults never kill the same process at once);
+    the others are episodes of their own, spread evenly with a random jitter. In time order."""
+    if count < 0 or not kinds:
+        raise ValueError("a fault schedule needs a count >= 0 and at least one kind")
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        raise ValueError(f"no fault kind {unknown[0]!r}; kinds: {', '.join(KINDS)}")
+    rng = random.Random(seed)
+    order = list(kinds)
+    rng.shuffle(order)
+    chosen = [order[i % len(order)] for i in range(count)]
+    # Episodes: a fault that follows the one before it joins that one's episode, at that one's
+    # moment or just after its restart.
+    offsets: list[float | None] = []  # None: the fault starts an episode of its own
+    episode_kinds: set[str] = set()
+    for i in range(count):
+        draw = rng.random()
+        if i and chosen[i] not in episode_kinds and draw < TOGETHER + DURING_RECOVERY:
+            offsets.append(0.0 if draw < TOGETHER else DOWN_SECONDS + 1.0)
+            episode_kinds.add(chosen[i])
+        else:
+            offsets.append(None)
+            episode_kinds = {chosen[i]}
+    episodes = sum(1 for offset in offsets if offset is None)
+    start, span = seconds * margin, seconds * (1 - 2 * margin)
+    slot = span / max(episodes, 1)
+    faults: list[Fault] = []
+    episode, at = -1, start
+    for offset, kind in zip(offsets, chosen, strict=True):
+        if offset is None:
+            episode += 1
+            at = start + slot * (episode + 0.5 + rng.uniform(-0.25, 0.25))
+        moment = min(at + (offset or 0.0), start + span)
+        faults.append(Fault(round(moment, 3), kind, rng.randrange(1 << 16)))
+    return sorted(faults, key=lambda fault: fault.at_s)
+
+
+@dataclass
+class Struck:
+    """What one fault did: when its process was killed and started again (seconds into the
+    soak), what it was, and why it could not strike (then nothing was killed)."""
+
+    fault: Fault
+    target: str = ""
+    killed_s: float | None = None
+    restarted_s: float | None = None
+    skipped: str | None = None
+    error: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "at_s": self.fault.at_s,
+            "kind": self.fault.kind,
+            "target": self.target,
+            "killed_s": self.killed_s,
+            "restarted_s": self.restarted_s,
+            "skipped": self.skipped,
+            "error": self.error,
+            **self.details,
+        }
+
+
+class Injector:
+    """Strikes faults on the cluster services of ``settings`` and the stages of ``pipelines``
+    (:class:`pipeline.runs.orchestrator.Pipeline`), each in a thread of its own at its time.
+
+    While a stage is down for a fault it is in :attr:`down`, so that whoever watches the
+    pipelines does not take its exit for a failure. Every stage is started from the thread that
+    started the pipelines (:meth:`serve`): a stage dies with the thread that started it."""
+
+    def __init__(
+        self,
+        settings: Any,
+        pipelines: Sequence[Any],
+        origin: float,
+        log: Callable[[str], None] = lambda _line: None,
+    ) -> None:
+        self.settings = settings
+        self.pipelines = list(pipelines)
+        self.origin = origin
+        self.log = log
+        self.struck: list[Struck] = []
+        self.down: set[tuple[int, str]] = set()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        # Stage starts wait here for the main thread (serve()).
+        self._starts: list[tuple[int, str, threading.Event]] = []
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.origin, 3)
+
+    # -- the schedule ----------------------------------------------------------------------
+
+    def launch(self, faults: Sequence[Fault]) -> None:
+        """Strike every fault at its time, from a thread per fault (overlaps run at once)."""
+
+        def strike_at(fault: Fault) -> None:
+            time.sleep(max(0.0, fault.at_s - self.now()))
+            self.strike(fault)
+
+        for fault in faults:
+            thread = threading.Thread(target=strike_at, args=(fault,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    @property
+    def busy(self) -> bool:
+        """A fault is still to strike or to recover."""
+        return any(t.is_alive() for t in self._threads)
+
+    def serve(self) -> None:
+        """Start the stages faults asked for (call often, from the pipelines' own thread)."""
+        with self._lock:
+            starts, self._starts = self._starts, []
+        for run, stage, done in starts:
+            try:
+                self.pipelines[run].start(stage)
+            finally:
+                done.set()
+
+    def _start_stage(self, run: int, stage: str) -> None:
+        done = threading.Event()
+        with self._lock:
+            self._starts.append((run, stage, done))
+        done.wait()
+
+    # -- one fault -------------------------------------------------------------------------
+
+    def strike(self, fault: Fault) -> Struck:
+        struck = Struck(fault)
+        with self._lock:
+            self.struck.append(struck)
+        action = getattr(self, "_" + fault.kind.replace("-", "_"))
+        try:
+            action(fault, struck)
+        except Exception as error:  # recorded: the soak's result names it
+            struck.error = f"{type(error).__name__}: {error}"
+        restarted = "Spark starts another" if fault.kind == "executor" else "restarted"
+        what = struck.skipped or struck.error or f"{restarted} at {struck.restarted_s} s"
+        self.log(
+            f"fault at {struck.killed_s or self.now()} s: {fault.kind} {struck.target}: {what}"
+        )
+        return struck
+
+    def _killed(self, struck: Struck, target: str) -> None:
+        struck.target = target
+        struck.killed_s = self.now()
+
+    def _restarted(self, struck: Struck) -> None:
+        struck.restarted_s = self.now()
+
+    def _service(self, name: str) -> Any:
+        from pipeline.services import manager
+
+        [service] = manager.native_services(self.settings, [name])
+        return service
+
+    def _kill_service(self, name: str, struck: Struck) -> None:
+        """kill -9 the native service ``name``, keep it down, ``services up`` it again."""
+        from pipeline.services import manager, process
+
+        service = self._service(name)
+        record = process.read_pid_file(service.pid_path)
+        if record is None or not process.kill(record):
+            struck.skipped = f"{name} was not running"
+            return
+        self._killed(struck, name)
+        process.wait_gone(record, timeout=30)
+        time.sleep(DOWN_SECONDS)
+        manager.up(self.settings, [name])
+        self._restarted(struck)
+
+    def _broker(self, fault: Fault, struck: Struck) -> None:
+        from pipeline.io import config, probes
+        from pipeline.services.kafka_broker import node_name
+
+        node = 1 + fault.pick % config.KAFKA_CLUSTER_NODES
+        if fault.pick % 2 == 0:  # the coordinator of a grouping source's transactions
+            pipeline = self.pipelines[fault.pick // 2 % len(self.pipelines)]
+            transactional_id = pipeline.plan.names.transactional_id(fault.pick // 4 % 2)
+            node = probes.transaction_coordinator(self.settings.kafka_bootstrap, transactional_id)
+            struck.details["coordinator_of"] = transactional_id
+        self._kill_service(node_name(node), struck)
+
+    def _spark_worker(self, fault: Fault, struck: Struck) -> None:
+        from pipeline.services.spark_standalone import worker_name
+
+        workers = sorted(_spark_workers(self.settings))
+        if not workers:
+            struck.skipped = "no Spark worker runs"
+            return
+        self._kill_service(worker_name(workers[fault.pick % len(workers)]), struck)
+
+    def _executor(self, fault: Fault, struck: Struck) -> None:
+        from pipeline.services.spark_standalone import executor_pids
+
+        pipeline = self.pipelines[fault.pick % len(self.pipelines)]
+        deadline = time.monotonic() + 30  # the master may be slow to answer, or relaunching one
+        while not (pids := executor_pids(self.settings, [pipeline.plan.run_id])):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        if not pids:
+            struck.skipped = f"{pipeline.plan.run_id} has no executor"
+            return
+        pid = sorted(pids)[fault.pick // 2 % len(pids)]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        self._killed(struck, f"executor {pid} of {pipeline.plan.run_id}")
+        self._restarted(struck)  # Spark's master starts another on a worker with free cores
+
+    def _redis_primary(self, fault: Fault, struck: Struck) -> None:
+        from pipeline.io import redis_client
+        from pipeline.services import manager, process, redis_sentinel
+
+        _, port = redis_client.require_primary(self.settings.redis_sentinel_url)
+        names = ("redis", *redis_sentinel.NAMES)
+        services = manager.native_services(self.settings, names, redis_sentinel_set=True)
+        [service] = [s for s in services if getattr(s, "port", 0) == port]
+        record = process.read_pid_file(service.pid_path)
+        if record is None or not process.kill(record):
+            struck.skipped = f"{service.name} was not running"
+            return
+        self._killed(struck, service.name)
+        process.wait_gone(record, timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):  # no primary named yet
+                if redis_client.require_primary(self.settings.redis_sentinel_url, 1.0)[1] != port:
+                    struck.details["failover_s"] = round(self.now() - (struck.killed_s or 0), 3)
+                    break
+            time.sleep(0.1)
+        time.sleep(DOWN_SECONDS)
+        manager.up(self.settings, [service.name], redis_sentinel_set=True)
+        self._restarted(struck)
+
+    def _group_source(self, fault: Fault, struck: Struck) -> None:
+        """kill -9 one source process of a grouping stage: the stage then fails, and is
+        started again with its own arguments (its sources resume at their committed offsets)."""
+        run = fault.pick % len(self.pipelines)
+        pipeline = self.pipelines[run]
+        stage = pipeline.stages["group"]
+        sources = _children(stage.process.pid, b"spawn_main")  # not its resource tracker
+        if stage.exit_code() is not None or not sources:
+            struck.skipped = "the grouping stage is not running"
+            return
+        with self._lock:
+            self.down.add((run, "group"))
+        try:
+            victim = sources[fault.pick // 2 % len(sources)]
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+            self._killed(struck, f"group source {victim} of {pipeline.plan.run_id}")
+            deadline = time.monotonic() + 30
+            while stage.exit_code() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if stage.exit_code() is None:  # it did not notice: stop it the hard way
+                pipeline.kill("group")
+            time.sleep(DOWN_SECONDS)
+            self._start_stage(run, "group")
+            self._restarted(struck)
+        finally:
+            with self._lock:
+                self.down.discard((run, "group"))
+
+    def _kill_stage(self, run: int, stage: str, struck: Struck) -> None:
+        pipeline = self.pipelines[run]
+        process = pipeline.stages.get(stage)
+        if process is None or process.exit_code() is not None:
+            struck.skipped = f"{stage} of {pipeline.plan.run_id} is not running"
+            return
+        with self._lock:
+            self.down.add((run, stage))
+        try:
+            pipeline.kill(stage)
+            self._killed(struck, f"{stage} of {pipeline.plan.run_id}")
+            time.sleep(DOWN_SECONDS)
+            self._start_stage(run, stage)
+            self._restarted(struck)
+        finally:
+            with self._lock:
+                self.down.discard((run, stage))
+
+    def _aggregator(self, fault: Fault, struck: Struck) -> None:
+        self._kill_stage(fault.pick % len(self.pipelines), "aggregate", struck)
+
+    def _controller(self, fault: Fault, struck: Struck) -> None:
+        runs = [i for i, p in enumerate(self.pipelines) if "control" in p.plan.stages]
+        if not runs:
+            struck.skipped = "no run has a controller"
+            return
+        run = runs[fault.pick % len(runs)]
+        struck.details["mid_migration"] = _wait_for_migration(
+            self.pipelines[run], MIGRATION_WAIT_SECONDS
+        )
+        self._kill_stage(run, "control", struck)
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for every fault to strike and recover, starting the stages they ask for."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.busy and (deadline is None or time.monotonic() < deadline):
+            self.serve()
+            time.sleep(0.05)
+        self.serve()
+
+
+def _wait_for_migration(pipeline: Any, timeout: float) -> bool:
+    """Until ``pipeline``'s controller has a migration in flight (True), or ``timeout``."""
+    from pipeline.io.control_store import ControlPlane
+    from pipeline.io.redis_client import connect_redis
+
+    plane = ControlPlane(connect_redis(pipeline.settings.redis_url), pipeline.plan.run_id)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):  # a failover in the meantime: ask again
+                if plane.current().migrating is not None:
+                    return True
+            time.sleep(0.05)
+        return False
+    finally:
+        plane.client.close()
+
+
+def _spark_workers(settings: Any) -> list[int]:
+    """The indexes of the Spark standalone workers with a pid file."""
+    from pipeline.services import manager
+    from pipeline.services.spark_standalone import SparkWorkerService
+
+    return [
+        s.index
+        for s in manager.native_services(settings, ["spark"])
+        if isinstance(s, SparkWorkerService)
+    ]
+
+
+def _children(pid: int, command_has: bytes) -> list[int]:
+    """The pids of ``pid``'s child processes whose command line holds ``command_has``."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and command_has in command:
+            children.append(int(entry.name))
+    return sorted(children)

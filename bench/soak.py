@@ -1,0 +1,240 @@
+"""Load and faults for a long while (``skewer bench soak``): a routing-table run and a pkg run
+side by side on the cluster services, a seeded schedule of kill -9s (:mod:`bench.chaos`), the
+pipeline and its processes sampled once a second, and at the end every (key, window) count of
+both runs checked, nothing lost or doubled, and the flatness checks
+(docs/performance.md#the-soak).
+
+The samples: :mod:`bench.soak_samples`; the checks and the page: :mod:`bench.soak_checks`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from bench import chaos
+from bench.experiment import ExperimentResult
+from bench.soak_checks import figure, markdown, results
+from bench.soak_samples import Sampler
+
+#: Workers per run: the two runs take the cluster's 2 x 4 executor cores.
+WORKERS = 4
+SOURCES = 2
+WINDOW_MS = 10_000
+#: The schemes of the two runs: a routing-table scheme (its controller migrates keys) and pkg.
+SCHEMES = ("mixed", "pkg")
+#: The drifting stream: its hot set moves every ``DRIFT_SECONDS`` of the soak.
+DRIFT_SECONDS = 30.0
+WORKLOAD = (
+    "drift:mode=fluctuate,z=1.0,keys=5000,intervals={intervals},workers={workers},seed={seed}"
+)
+#: Records of the saturating run that measures the cluster's capacity.
+CAPACITY_RECORDS = 200_000
+
+
+class SoakError(Exception):
+    """The soak cannot run here (a service it needs is missing); one line."""
+
+
+# -- the soak ----------------------------------------------------------------------------------
+
+
+def require_cluster(settings: Any) -> None:
+    """SoakError unless the cluster services answer: 3 Kafka nodes, a Spark master with two
+    workers, Redis behind Sentinel (``skewer services up --kafka-brokers 3 --spark-workers 2
+    --redis-sentinel``)."""
+    from pipeline.io import config, probes
+    from pipeline.services.spark_standalone import SparkMasterService
+
+    wanted = "skewer services up --kafka-brokers 3 --spark-workers 2 --redis-sentinel"
+    nodes = settings.kafka_bootstrap.split(",")
+    if len(nodes) < config.KAFKA_CLUSTER_NODES:
+        raise SoakError(f"the soak runs on a Kafka cluster of 3 nodes (start them: {wanted})")
+    if not settings.redis_url.startswith("redis+sentinel://"):
+        raise SoakError(f"the soak runs on Redis with Sentinel (start it: {wanted})")
+    status = probes.spark_status(SparkMasterService(settings).master_web_url)
+    alive = [w for w in (status or {}).get("workers", []) if w.get("state") == "ALIVE"]
+    if len(alive) < 2:
+        raise SoakError(f"the soak runs on a Spark master with two workers (start them: {wanted})")
+
+
+def plan_of(settings: Any, scheme: str, rate: float, seconds: float, seed: int) -> Any:
+    from pipeline.runs.plan import plan_run
+
+    return plan_run(
+        settings,
+        run_prefix=f"soak-{scheme}",
+        scheme=scheme,
+        workers=WORKERS,
+        sources=SOURCES,
+        workload=WORKLOAD.format(
+            intervals=max(1, round(seconds / DRIFT_SECONDS)), workers=WORKERS, seed=seed
+        ),
+        rate=rate,
+        records=int(rate * seconds),
+        window_ms=WINDOW_MS,
+        spark_master=settings.spark_standalone_url,
+    )
+
+
+def measure_capacity(settings: Any, log: Callable[[str], None]) -> float:
+    """pkg's rate on the cluster under a saturating offer (records/s), one run alone."""
+    from bench.end_to_end import Trace, row, traced_run
+    from pipeline.runs.plan import plan_run
+
+    plan = plan_run(
+        settings,
+        run_prefix="soak-capacity",
+        scheme="pkg",
+        workers=WORKERS,
+        sources=SOURCES,
+        workload="zipf:z=1.2,keys=100000,seed=0",
+        records=CAPACITY_RECORDS,
+        spark_master=settings.spark_standalone_url,
+    )
+    trace = Trace()
+    summary, _ = traced_run(plan, settings, trace=trace)
+    figures = row(summary, trace)
+    capacity = float(figures["steady_rate"] or figures["throughput"] or 0)
+    log(f"capacity: pkg alone on the cluster, {capacity:,.0f} records/s")
+    return capacity
+
+
+def run(
+    *,
+    minutes: float,
+    load: float,
+    faults: int,
+    seed: int,
+    kinds: Sequence[str] = chaos.KINDS,
+    rate: float | None = None,
+    services: Any = None,
+    log: Callable[[str], None] = lambda _line: None,
+) -> ExperimentResult:
+    """The soak; ``rate`` (records/s of each run) instead of ``load`` x the measured capacity
+    shared by the two runs. ``services``: the settings the native services were started with,
+    if not the environment's (where a Sentinel URL stands for Redis's default ports); the runs
+    take the environment's."""
+    from pipeline.io import config
+    from pipeline.runs.orchestrator import Pipeline, start_together
+
+    if not minutes > 0 or not 0 < load <= 1:
+        raise ValueError("--minutes must be > 0 and --load in (0, 1]")
+    seconds = minutes * 60
+    schedule = chaos.schedule(faults, seconds, seed, kinds)
+    settings = config.load()
+    services = services or settings
+    require_cluster(settings)
+    capacity = None
+    if rate is None:
+        capacity = measure_capacity(settings, log)
+        rate = load * capacity / len(SCHEMES)
+    plans = [plan_of(settings, scheme, rate, seconds, seed) for scheme in SCHEMES]
+    log(
+        f"soak: {minutes:g} min, {', '.join(p.run_id for p in plans)} at {rate:,.0f} records/s "
+        f"each, {len(schedule)} faults (seed {seed})"
+    )
+    pipelines = [Pipeline(plan, settings) for plan in plans]
+    began = time.monotonic()
+    passed = False
+    try:
+        start_together(pipelines)
+        origin = time.monotonic()
+        sampler = Sampler(settings, services, pipelines, origin)
+        sampler.start()
+        injector = chaos.Injector(services, pipelines, origin, log)
+        injector.launch(schedule)
+        stopped = watch(pipelines, injector, sampler, seconds, log)
+        injector.join()
+        time.sleep(2.0)  # a last sample after the end
+        sampler.stop()  # before the checks: both read the pipelines' Kafka consumers
+        summaries = [finish(p) for p in pipelines]
+        services_down = [s.line() for s in _services_not_running(services)]
+        passed = all(s.get("exact") for s in summaries) and not stopped
+    finally:
+        for pipeline in pipelines:
+            pipeline.stop()
+            # The stage logs stay when a run failed its checks.
+            pipeline.cleanup(logs=passed)
+            pipeline.close()
+    data = results(
+        plans=plans,
+        rate=rate,
+        capacity=capacity,
+        load=load,
+        seed=seed,
+        seconds=seconds,
+        samples=sampler.samples,
+        struck=injector.struck,
+        summaries=summaries,
+        stopped=stopped,
+        services_down=services_down,
+        ran_s=time.monotonic() - began,
+    )
+    return ExperimentResult(
+        name="soak",
+        title="An hour under load and faults: both runs exact, nothing leaking, nothing drifting",
+        markdown=markdown(data),
+        figures={"series": figure(data)},
+        data=data,
+    )
+
+
+def watch(
+    pipelines: Sequence[Any],
+    injector: chaos.Injector,
+    sampler: Sampler,
+    seconds: float,
+    log: Callable[[str], None],
+) -> list[str]:
+    """Until every run applied its records and every fault recovered: start the stages faults
+    ask for, and start again, as a supervisor would, a stage that exited non-zero when no fault
+    had it down (named in the result: a defect)."""
+    stopped: list[str] = []
+    deadline = time.monotonic() + seconds * 2 + 600
+    while time.monotonic() < deadline:
+        injector.serve()
+        for run, pipeline in enumerate(pipelines):
+            for stage, running in list(pipeline.stages.items()):
+                code = running.exit_code()
+                if code not in (None, 0) and (run, stage) not in injector.down:
+                    stopped.append(f"{pipeline.plan.run_id} {stage} exited {code}")
+                    log(f"{pipeline.plan.run_id}: {stage} exited {code} on its own; started again")
+                    pipeline.start(stage)
+        last = sampler.samples[-1] if sampler.samples else None
+        done = last is not None and all(
+            applied is not None and applied >= p.plan.records
+            for applied, p in zip(last.applied, pipelines, strict=True)
+        )
+        if done and not injector.busy:
+            return stopped
+        time.sleep(0.2)
+    stopped.append("the soak did not end within twice its time")
+    return stopped
+
+
+def finish(pipeline: Any) -> dict[str, Any]:
+    """Wait for ``pipeline``'s stages to end, then check the run."""
+    try:
+        pipeline.wait(timeout=300)
+    except Exception as error:
+        return {"run_id": pipeline.plan.run_id, "failed": str(error)}
+    summary = pipeline.summary()
+    verification = summary.verification
+    return {
+        "run_id": pipeline.plan.run_id,
+        "scheme": pipeline.plan.scheme,
+        "records": pipeline.plan.records,
+        "produced": summary.records_produced,
+        "processed": summary.records_processed,
+        "exact": bool(verification.exact),
+        "verification": verification.lines(),
+        "restarts": dict(summary.restarts),
+    }
+
+
+def _services_not_running(settings: Any) -> list[Any]:
+    from pipeline.services import manager
+
+    return [s for s in manager.status(settings) if s.state not in ("running", "external")]

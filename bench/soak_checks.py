@@ -1,0 +1,379 @@
+"""The soak's checks and its page (``skewer bench soak``, :mod:`bench.soak`): from the
+samples of every second and the faults struck, whether nothing was lost, leaked or drifted,
+as a verdict table, the tables of runs and faults, and a picture of every series.
+
+Example (the verdict on a process's memory, from its samples):
+    >>> rss = {7: [(0.0, 100.0), (600.0, 200.0), (3600.0, 215.0)]}
+    >>> growth(rss, reference_s=600.0)
+    {7: 1.075}
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bench import chaos
+from bench.experiment import or_dash
+from bench.soak_samples import Sample
+
+#: The checks' reference moment, as a share of the soak (minute 10 of 60).
+REFERENCE = 1 / 6
+#: A fault's stage or service is back when the lag is at most its level before the fault
+#: (the highest of the :data:`LAG_BEFORE_SECONDS` before the kill) ...
+LAG_BEFORE_SECONDS = 30.0
+#: ... within this many seconds of its restart.
+LAG_RECOVERY_SECONDS = 30.0
+#: p99 outside the faults within this factor of the first ``REFERENCE`` of the soak's.
+P99_FACTOR = 1.5
+#: RSS of a process at the end within this factor of its RSS at the reference moment.
+RSS_FACTOR = 1.10
+#: Seconds after a fault's recovery that still count as its window (for the p99 check).
+FAULT_TAIL_SECONDS = 10.0
+
+
+def growth(
+    rss: Mapping[int, Sequence[tuple[float, float]]], reference_s: float
+) -> dict[int, float]:
+    """Each process's RSS at its last sample over its RSS at the reference moment (its sample
+    nearest after ``reference_s``), for the processes that lived from then to the end: one a
+    fault started later is a new process, still growing into its working set."""
+    ratios = {}
+    for pid, samples in rss.items():
+        if samples[0][0] > reference_s or samples[-1][0] <= reference_s:
+            continue
+        at_reference = next(value for t, value in samples if t >= reference_s)
+        if at_reference:
+            ratios[pid] = round(samples[-1][1] / at_reference, 4)
+    return ratios
+
+
+def latency_quantile_of(histograms: Sequence[Mapping[int, int]], q: float) -> float | None:
+    """The ``q`` quantile (ms) of the records of several latency histograms together."""
+    from pipeline.runs.latency import latency_quantile
+
+    total: dict[int, int] = {}
+    for histogram in histograms:
+        for bucket, count in histogram.items():
+            total[int(bucket)] = total.get(int(bucket), 0) + count
+    return latency_quantile(total, q)
+
+
+def fault_windows(
+    struck: Sequence[chaos.Struck], recovered: Mapping[int, float | None]
+) -> list[tuple[float, float]]:
+    """Seconds from each fault's kill to its recovery (or restart) plus a tail."""
+    windows = []
+    for i, s in enumerate(struck):
+        if s.killed_s is None:
+            continue
+        end = recovered.get(i) or s.restarted_s or s.killed_s
+        windows.append((s.killed_s, end + FAULT_TAIL_SECONDS))
+    return windows
+
+
+def lag_recovery(
+    samples: Sequence[Sample], struck: Sequence[chaos.Struck], runs: int
+) -> dict[int, float | None]:
+    """Per fault, seconds from its restart (its kill, for an executor) until every run's lag was
+    back at most at its level before the fault (the highest of the :data:`LAG_BEFORE_SECONDS`
+    before the kill); None if it never was before the end."""
+    recovery: dict[int, float | None] = {}
+    for i, s in enumerate(struck):
+        if s.killed_s is None:
+            continue
+        back = s.restarted_s if s.restarted_s is not None else s.killed_s
+        before = [x for x in samples if s.killed_s - LAG_BEFORE_SECONDS <= x.t_s < s.killed_s]
+        levels = []
+        for run in range(runs):
+            lags = [lag for x in before if (lag := x.lag(run)) is not None]
+            levels.append(max(lags) if lags else math.inf)
+        recovery[i] = None
+        for x in samples:
+            if x.t_s < back:
+                continue
+            lags = [x.lag(run) for run in range(runs)]
+            if all(
+                lag is not None and lag <= level for lag, level in zip(lags, levels, strict=True)
+            ):
+                recovery[i] = round(x.t_s - back, 3)
+                break
+    return recovery
+
+
+def results(
+    *,
+    plans: Sequence[Any],
+    rate: float,
+    capacity: float | None,
+    load: float,
+    seed: int,
+    seconds: float,
+    samples: Sequence[Sample],
+    struck: Sequence[chaos.Struck],
+    summaries: Sequence[dict[str, Any]],
+    stopped: Sequence[str],
+    services_down: Sequence[str],
+    ran_s: float,
+) -> dict[str, Any]:
+    """The soak's figures and its checks."""
+    runs = len(plans)
+    workers = sum(p.workers for p in plans)  # a window's partial-state keys, every run's
+    reference_s = seconds * REFERENCE
+    recovery = lag_recovery(samples, struck, runs)
+    windows = fault_windows(
+        struck,
+        {
+            i: (struck[i].restarted_s or struck[i].killed_s or 0) + r
+            for i, r in recovery.items()
+            if r is not None
+        },
+    )
+
+    def outside(t: float) -> bool:
+        return not any(a <= t <= b for a, b in windows)
+
+    p99: list[dict[str, float | None]] = []
+    for run in range(runs):
+        first = [x.latency[run] for x in samples if x.t_s <= reference_s and outside(x.t_s)]
+        rest = [x.latency[run] for x in samples if x.t_s > reference_s and outside(x.t_s)]
+        p99.append(
+            {"first": latency_quantile_of(first, 0.99), "rest": latency_quantile_of(rest, 0.99)}
+        )
+    rss: dict[int, list[tuple[float, float]]] = {}
+    names: dict[int, str] = {}
+    for x in samples:
+        for pid, (name, mb) in x.rss_mb.items():
+            rss.setdefault(pid, []).append((x.t_s, mb))
+            names[pid] = name
+    ratios = growth(rss, reference_s)
+    grown = {names[pid]: ratio for pid, ratio in ratios.items() if ratio > RSS_FACTOR}
+    keys_at_reference = next(
+        (x.state_keys for x in samples if x.t_s >= reference_s and x.state_keys is not None), None
+    )
+    # A fault holds windows open (the watermark waits for the workers), so their keys pile up
+    # until it recovers: what must stay flat is the count outside the faults.
+    keys_late = [
+        x.state_keys
+        for x in samples
+        if x.t_s >= reference_s and x.state_keys is not None and outside(x.t_s)
+    ]
+    faults = [s.as_dict() | {"recovery_s": recovery.get(i)} for i, s in enumerate(struck)]
+    checks = {
+        "exact": all(s.get("exact") for s in summaries),
+        "nothing_lost_or_doubled": all(
+            s.get("produced") == s.get("processed") == s.get("records") for s in summaries
+        ),
+        "no_stage_left_stopped": not stopped
+        and not services_down
+        and all("failed" not in s for s in summaries),
+        "faults_struck": sum(1 for s in struck if s.killed_s is not None),
+        "faults_failed": [f"{s.fault.kind}: {s.error}" for s in struck if s.error],
+        "rss_grown": grown,
+        "state_keys_flat": bool(keys_late)
+        and keys_at_reference is not None
+        and max(keys_late) <= max(2 * keys_at_reference, keys_at_reference + 2 * workers),
+        "lag_recovered": all(
+            r is not None and r <= LAG_RECOVERY_SECONDS for r in recovery.values()
+        ),
+        "p99_within": all(
+            p["first"] is not None
+            and p["rest"] is not None
+            and p["rest"] <= P99_FACTOR * p["first"]
+            for p in p99
+        ),
+    }
+    return {
+        "runs": [p.run_id for p in plans],
+        "schemes": [p.scheme for p in plans],
+        "workload": plans[0].workload,
+        "rate": rate,
+        "capacity": capacity,
+        "load": load,
+        "seed": seed,
+        "seconds": seconds,
+        "ran_s": round(ran_s, 1),
+        "summaries": list(summaries),
+        "faults": faults,
+        "stopped": list(stopped),
+        "services_down": list(services_down),
+        "p99": p99,
+        "rss_growth": {f"{names[pid]} ({pid})": r for pid, r in sorted(ratios.items())},
+        "state_keys": {
+            "reference": keys_at_reference,
+            "max_after": max(keys_late) if keys_late else None,
+        },
+        "checks": checks,
+        "samples": [x.as_dict() for x in samples],
+    }
+
+
+def verdicts(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """Each check of the soak with its outcome, as the results page words them."""
+    checks = data["checks"]
+    keys = data["state_keys"]
+    grown = ", ".join(f"{name} {ratio:.2f}x" for name, ratio in checks["rss_grown"].items())
+    reference = f"{data['seconds'] * REFERENCE:.0f} s in"
+    lag = f"lag back to its level before each fault within {LAG_RECOVERY_SECONDS:g} s"
+    return [
+        ("every (key, window) count exact, both runs", _yes(checks["exact"])),
+        ("records produced = applied = planned", _yes(checks["nothing_lost_or_doubled"])),
+        ("no stage or service left stopped", _yes(checks["no_stage_left_stopped"])),
+        (
+            f"RSS of every process at the end within {RSS_FACTOR:.2f}x of its RSS {reference}",
+            "yes" if not grown else f"NO: {grown}",
+        ),
+        (
+            "partial-state keys flat (closed windows' deleted)",
+            f"{_yes(checks['state_keys_flat'])} ({keys['reference']}, then at most "
+            f"{keys['max_after']})",
+        ),
+        (lag, _yes(checks["lag_recovered"])),
+        (
+            f"p99 outside the faults within {P99_FACTOR}x of the first part's",
+            _yes(checks["p99_within"]),
+        ),
+    ]
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "NO"
+
+
+def markdown(data: dict[str, Any]) -> str:
+    checks = data["checks"]
+    lines = [
+        f"Two runs side by side on the cluster services for {data['seconds'] / 60:g} minutes: "
+        f"{', '.join(f'`{s}`' for s in data['schemes'])} on the drifting stream "
+        f"`{data['workload']}`, each at {data['rate']:,.0f} records/s"
+        + (
+            f" ({data['load']:.0%} of the cluster's measured pkg capacity, "
+            f"{data['capacity']:,.0f} records/s, shared by the two)"
+            if data["capacity"]
+            else ""
+        )
+        + f"; {checks['faults_struck']} faults from seed {data['seed']}.",
+        "",
+        "## Verdict",
+        "",
+        "| check | result |",
+        "|---|---|",
+        *(f"| {check} | {verdict} |" for check, verdict in verdicts(data)),
+        "",
+        "## Runs",
+        "",
+        "| run | scheme | records | produced | applied | exact | restarts |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
+    for s in data["summaries"]:
+        if "failed" in s:
+            lines.append(f"| {s['run_id']} | - | - | - | - | FAILED: {s['failed']} | - |")
+            continue
+        lines.append(
+            f"| {s['run_id']} | {s['scheme']} | {s['records']:,} | {s['produced']:,} | "
+            f"{s['processed']:,} | {'yes' if s['exact'] else 'NO'} | "
+            f"{', '.join(f'{k} {v}' for k, v in s['restarts'].items()) or '-'} |"
+        )
+    lines += ["", "p99 of the records applied outside the faults (ms):", ""]
+    lines += ["| run | first part | the rest |", "|---|---:|---:|"]
+    for run, p in zip(data["runs"], data["p99"], strict=True):
+        lines.append(f"| {run} | {or_dash(p['first'], ',.0f')} | {or_dash(p['rest'], ',.0f')} |")
+    lines += [
+        "",
+        "## Faults",
+        "",
+        "| at (s) | kind | what | killed (s) | restarted (s) | lag back after (s) | note |",
+        "|---:|---|---|---:|---:|---:|---|",
+    ]
+    for f in data["faults"]:
+        note = f["skipped"] or f["error"] or ("mid-migration" if f.get("mid_migration") else "")
+        lines.append(
+            f"| {f['at_s']:.0f} | {f['kind']} | {f['target'] or '-'} | "
+            f"{or_dash(f['killed_s'], '.1f')} | {or_dash(f['restarted_s'], '.1f')} | "
+            f"{or_dash(f['recovery_s'], '.1f')} | {note} |"
+        )
+    if data["stopped"]:
+        lines += ["", "Stages that exited on their own: " + "; ".join(data["stopped"]) + "."]
+    lines += ["", "![the soak's series, faults shaded](soak_series.png)"]
+    return "\n".join(lines) + "\n"
+
+
+def figure(data: dict[str, Any]) -> Any:
+    """Every series of the soak against its minutes, the faults shaded from kill to recovery."""
+    from matplotlib.figure import Figure
+
+    from pipeline.runs.latency import latency_quantile
+
+    samples = data["samples"]
+    minutes = [s["t_s"] / 60 for s in samples]
+    fig = Figure(figsize=(11, 13))
+    axes = fig.subplots(5, 1, sharex=True)
+    for run, scheme in enumerate(data["schemes"]):
+        applied = [(s["t_s"], s["applied"][run]) for s in samples]
+        rates = [None] + [
+            (b - a) / max(t2 - t1, 1e-3) if a is not None and b is not None else None
+            for (t1, a), (t2, b) in itertools.pairwise(applied)
+        ]
+        axes[0].plot(minutes, rates, lw=0.6, label=f"{scheme} applied/s")
+        lags = [
+            s["produced"][run] - s["applied"][run]
+            if s["produced"][run] is not None and s["applied"][run] is not None
+            else None
+            for s in samples
+        ]
+        axes[1].plot(minutes, lags, lw=0.6, label=f"{scheme} lag")
+        p99s = [
+            latency_quantile({int(k): v for k, v in s["latency"][run].items()}, 0.99)
+            for s in samples
+        ]
+        axes[2].plot(minutes, p99s, lw=0.6, label=f"{scheme} p99 (ms)")
+    by_pid: dict[str, list[tuple[float, float]]] = {}
+    for s, m in zip(samples, minutes, strict=True):
+        for pid, (label, mb) in s["rss_mb"].items():
+            by_pid.setdefault(f"{label} ({pid})", []).append((m, mb))
+    for _label, points in sorted(by_pid.items()):
+        axes[3].plot([p[0] for p in points], [p[1] for p in points], lw=0.5)
+    axes[4].plot(minutes, [s["redis_memory_mb"] for s in samples], label="Redis used (MB)")
+    axes[4].plot(minutes, [s["kafka_log_mb"] for s in samples], label="Kafka logs (MB)")
+    keys = axes[4].twinx()
+    keys.plot(
+        minutes,
+        [s["state_keys"] for s in samples],
+        color="black",
+        lw=0.6,
+        label="partial-state keys",
+    )
+    keys.set_ylabel("keys")
+    titles = [
+        "records applied per second",
+        "lag (records produced, not applied)",
+        "p99 per second (ms)",
+        "RSS per process (MB)",
+        "Redis and Kafka",
+    ]
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set_title(title, fontsize=9, loc="left")
+        for f in data["faults"]:
+            if f["killed_s"] is not None:
+                end = (f["restarted_s"] or f["killed_s"]) + (f["recovery_s"] or 0)
+                ax.axvspan(
+                    f["killed_s"] / 60, max(end, f["killed_s"] + 1) / 60, color="red", alpha=0.15
+                )
+    for f in data["faults"]:
+        if f["killed_s"] is not None:
+            axes[0].annotate(
+                f["kind"],
+                (f["killed_s"] / 60, 1.0),
+                xycoords=("data", "axes fraction"),
+                fontsize=6,
+                rotation=90,
+                va="top",
+            )
+    axes[2].set_yscale("log")
+    for ax in (axes[0], axes[1], axes[2], axes[4]):
+        ax.legend(fontsize=7, loc="upper right")
+    axes[-1].set_xlabel("minutes")
+    fig.tight_layout()
+    return fig
