@@ -50,7 +50,10 @@ def require_cluster(settings: Any) -> None:
     wanted = "skewer services up --kafka-brokers 3 --spark-workers 2 --redis-sentinel"
     nodes = settings.kafka_bootstrap.split(",")
     if len(nodes) < config.KAFKA_CLUSTER_NODES:
-        raise SoakError(f"the soak runs on a Kafka cluster of 3 nodes (start them: {wanted})")
+        raise SoakError(
+            "the soak runs on a Kafka cluster of 3 nodes, all named in SKEWER_KAFKA_BOOTSTRAP "
+            f"(start them: {wanted})"
+        )
     if not settings.redis_url.startswith("redis+sentinel://"):
         raise SoakError(f"the soak runs on Redis with Sentinel (start it: {wanted})")
     status = probes.spark_status(SparkMasterService(settings).master_web_url)
