@@ -296,7 +296,6 @@ def markdown(data: dict[str, Any]) -> str:
         )
     if data["stopped"]:
         lines += ["", "Stages that exited on their own: " + "; ".join(data["stopped"]) + "."]
-    lines += ["", "![the soak's series, faults shaded](soak_series.png)"]
     return "\n".join(lines) + "\n"
 
 
