@@ -30,19 +30,24 @@ LAG_RECOVERY_SECONDS = 30.0
 P99_FACTOR = 1.5
 #: RSS of a process at the end within this factor of its RSS at the reference moment.
 RSS_FACTOR = 1.10
+#: A process's last sample this close to the soak's last counts as "at the end".
+END_SLACK_SECONDS = 5.0
 #: Seconds after a fault's recovery that still count as its window (for the p99 check).
 FAULT_TAIL_SECONDS = 10.0
 
 
 def growth(
-    rss: Mapping[int, Sequence[tuple[float, float]]], reference_s: float
+    rss: Mapping[int, Sequence[tuple[float, float]]], reference_s: float, end_s: float | None = None
 ) -> dict[int, float]:
     """Each process's RSS at its last sample over its RSS at the reference moment (its sample
-    nearest after ``reference_s``), for the processes that lived from then to the end: one a
-    fault started later is a new process, still growing into its working set."""
+    nearest after ``reference_s``), for the processes that lived from then to the end (a
+    sample within :data:`END_SLACK_SECONDS` of ``end_s``, by default the last of all): one a
+    fault started later is a new process, still growing into its working set, and one a fault
+    killed has no end."""
+    end_s = max(samples[-1][0] for samples in rss.values()) if end_s is None and rss else end_s
     ratios = {}
     for pid, samples in rss.items():
-        if samples[0][0] > reference_s or samples[-1][0] <= reference_s:
+        if samples[0][0] > reference_s or samples[-1][0] < (end_s or 0) - END_SLACK_SECONDS:
             continue
         at_reference = next(value for t, value in samples if t >= reference_s)
         if at_reference:

@@ -65,6 +65,7 @@ def test_a_process_s_growth_is_from_the_reference_to_its_last_sample() -> None:
         1: [(0.0, 50.0), (100.0, 100.0), (600.0, 120.0)],
         2: [(300.0, 80.0), (600.0, 160.0)],  # started after the reference: a new process
         3: [(0.0, 10.0), (50.0, 11.0)],  # gone before the reference
+        4: [(0.0, 10.0), (100.0, 10.0), (300.0, 30.0)],  # killed by a fault: no end
     }
     assert soak_checks.growth(rss, reference_s=100.0) == {1: 1.2}
 
