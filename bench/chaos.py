@@ -224,25 +224,27 @@ class Injector:
     def _restarted(self, struck: Struck) -> None:
         struck.restarted_s = self.now()
 
-    def _service(self, name: str) -> Any:
-        from pipeline.services import manager
-
-        [service] = manager.native_services(self.settings, [name])
-        return service
-
-    def _kill_service(self, name: str, struck: Struck) -> None:
-        """kill -9 the native service ``name``, keep it down, ``services up`` it again."""
+    def _kill_service(
+        self,
+        name: str,
+        struck: Struck,
+        while_down: Callable[[], None] = lambda: None,
+        **up_options: Any,
+    ) -> None:
+        """kill -9 the native service ``name``, keep it down (``while_down()`` first), ``services
+        up`` it again (with ``up_options``)."""
         from pipeline.services import manager, process
 
-        service = self._service(name)
+        [service] = manager.native_services(self.settings, [name])
         record = process.read_pid_file(service.pid_path)
         if record is None or not process.kill(record):
             struck.skipped = f"{name} was not running"
             return
         self._killed(struck, name)
         process.wait_gone(record, timeout=30)
+        while_down()
         time.sleep(DOWN_SECONDS)
-        manager.up(self.settings, [name])
+        manager.up(self.settings, [name], **up_options)
         self._restarted(struck)
 
     def _broker(self, fault: Fault, struck: Struck) -> None:
@@ -286,28 +288,24 @@ class Injector:
 
     def _redis_primary(self, fault: Fault, struck: Struck) -> None:
         from pipeline.io import redis_client
-        from pipeline.services import manager, process, redis_sentinel
+        from pipeline.services import manager, redis_sentinel
 
-        _, port = redis_client.require_primary(self.settings.redis_sentinel_url)
+        sentinels = self.settings.redis_sentinel_url
+        _, port = redis_client.require_primary(sentinels)
         names = ("redis", *redis_sentinel.NAMES)
         services = manager.native_services(self.settings, names, redis_sentinel_set=True)
-        [service] = [s for s in services if getattr(s, "port", 0) == port]
-        record = process.read_pid_file(service.pid_path)
-        if record is None or not process.kill(record):
-            struck.skipped = f"{service.name} was not running"
-            return
-        self._killed(struck, service.name)
-        process.wait_gone(record, timeout=30)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(Exception):  # no primary named yet
-                if redis_client.require_primary(self.settings.redis_sentinel_url, 1.0)[1] != port:
-                    struck.details["failover_s"] = round(self.now() - (struck.killed_s or 0), 3)
-                    break
-            time.sleep(0.1)
-        time.sleep(DOWN_SECONDS)
-        manager.up(self.settings, [service.name], redis_sentinel_set=True)
-        self._restarted(struck)
+        [primary] = [s.name for s in services if getattr(s, "port", 0) == port]
+
+        def until_failover() -> None:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                with contextlib.suppress(Exception):  # no primary named yet
+                    if redis_client.require_primary(sentinels, 1.0)[1] != port:
+                        struck.details["failover_s"] = round(self.now() - (struck.killed_s or 0), 3)
+                        return
+                time.sleep(0.1)
+
+        self._kill_service(primary, struck, until_failover, redis_sentinel_set=True)
 
     def _group_source(self, fault: Fault, struck: Struck) -> None:
         """kill -9 one source process of a grouping stage: the stage then fails, and is
@@ -411,15 +409,17 @@ def _spark_workers(settings: Any) -> list[int]:
 
 def _children(pid: int, command_has: bytes) -> list[int]:
     """The pids of ``pid``'s child processes whose command line holds ``command_has``."""
+    from pipeline.services import process
+
     children = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
+        fields = process.stat_fields(int(entry.name))  # [1]: the parent
         try:
-            stat = (entry / "stat").read_text()
             command = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and command_has in command:
+        if fields is not None and int(fields[1]) == pid and command_has in command:
             children.append(int(entry.name))
     return sorted(children)

@@ -37,9 +37,6 @@ class SoakError(Exception):
     """The soak cannot run here (a service it needs is missing); one line."""
 
 
-# -- the soak ----------------------------------------------------------------------------------
-
-
 def require_cluster(settings: Any) -> None:
     """SoakError unless the cluster services answer: 3 Kafka nodes, a Spark master with two
     workers, Redis behind Sentinel (``skewer services up --kafka-brokers 3 --spark-workers 2

@@ -67,15 +67,17 @@ def latency_quantile_of(histograms: Sequence[Mapping[int, int]], q: float) -> fl
 
 
 def fault_windows(
-    struck: Sequence[chaos.Struck], recovered: Mapping[int, float | None]
+    struck: Sequence[chaos.Struck], recovery: Mapping[int, float | None]
 ) -> list[tuple[float, float]]:
-    """Seconds from each fault's kill to its recovery (or restart) plus a tail."""
+    """Seconds from each fault's kill to the lag's recovery after its restart (its kill, for
+    an executor; :func:`lag_recovery`), or to the restart if the lag never recovered, plus
+    :data:`FAULT_TAIL_SECONDS`."""
     windows = []
     for i, s in enumerate(struck):
         if s.killed_s is None:
             continue
-        end = recovered.get(i) or s.restarted_s or s.killed_s
-        windows.append((s.killed_s, end + FAULT_TAIL_SECONDS))
+        back = s.restarted_s if s.restarted_s is not None else s.killed_s
+        windows.append((s.killed_s, back + (recovery.get(i) or 0.0) + FAULT_TAIL_SECONDS))
     return windows
 
 
@@ -128,14 +130,7 @@ def results(
     workers = sum(p.workers for p in plans)  # a window's partial-state keys, every run's
     reference_s = seconds * REFERENCE
     recovery = lag_recovery(samples, struck, runs)
-    windows = fault_windows(
-        struck,
-        {
-            i: (struck[i].restarted_s or struck[i].killed_s or 0) + r
-            for i, r in recovery.items()
-            if r is not None
-        },
-    )
+    windows = fault_windows(struck, recovery)
 
     def outside(t: float) -> bool:
         return not any(a <= t <= b for a, b in windows)

@@ -157,14 +157,14 @@ def process_rss(settings: Any, pipelines: Sequence[Any]) -> dict[int, tuple[str,
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
+        fields = process.stat_fields(int(entry.name))  # [1]: the parent
         try:
-            stat = (entry / "stat").read_text()
             resident = int((entry / "statm").read_text().split()[1])
             command = (entry / "cmdline").read_bytes().split(b"\0")
         except (OSError, IndexError, ValueError):
             continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        table[int(entry.name)] = (parent, program(command), resident * page_mb)
+        if fields is not None:
+            table[int(entry.name)] = (int(fields[1]), program(command), resident * page_mb)
 
     def label(pid: int, depth: int = 0) -> str | None:
         if pid in roots:

@@ -185,9 +185,11 @@ def executor_pids(settings: Settings, run_ids: list[str]) -> list[int]:
         for a in active_applications(settings)
         if a["name"] in names
     }
+    if not ids:
+        return []
     pids = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and ids:
+        if entry.name.isdigit():
             try:
                 command = (entry / "cmdline").read_bytes()
             except OSError:
