@@ -42,7 +42,7 @@ KINDS = (
 )
 #: Seconds a killed process stays down before it is started again.
 DOWN_SECONDS = 3.0
-#: How long a controller fault waits for a migration to strike in.
+#: How long a controller fault waits for a table's publication, to strike in its migration.
 MIGRATION_WAIT_SECONDS = 20.0
 #: Of the faults after the first, the share that strikes together with the one before it, and
 #: the share that strikes while the one before it recovers (its process just restarted).
@@ -336,7 +336,11 @@ class Injector:
             with self._lock:
                 self.down.discard((run, "group"))
 
-    def _kill_stage(self, run: int, stage: str, struck: Struck) -> None:
+    def _kill_stage(
+        self, run: int, stage: str, struck: Struck, while_down: Callable[[], None] = lambda: None
+    ) -> None:
+        """kill -9 ``stage`` of run ``run``, keep it down (``while_down()`` first), start it
+        again with its own arguments."""
         pipeline = self.pipelines[run]
         process = pipeline.stages.get(stage)
         if process is None or process.exit_code() is not None:
@@ -347,6 +351,7 @@ class Injector:
         try:
             pipeline.kill(stage)
             self._killed(struck, f"{stage} of {pipeline.plan.run_id}")
+            while_down()
             time.sleep(DOWN_SECONDS)
             self._start_stage(run, stage)
             self._restarted(struck)
@@ -358,15 +363,29 @@ class Injector:
         self._kill_stage(fault.pick % len(self.pipelines), "aggregate", struck)
 
     def _controller(self, fault: Fault, struck: Struck) -> None:
+        from pipeline.io.control_store import ControlPlane
+        from pipeline.io.redis_client import connect_redis
+
         runs = [i for i, p in enumerate(self.pipelines) if "control" in p.plan.stages]
         if not runs:
             struck.skipped = "no run has a controller"
             return
         run = runs[fault.pick % len(runs)]
-        struck.details["mid_migration"] = _wait_for_migration(
-            self.pipelines[run], MIGRATION_WAIT_SECONDS
-        )
-        self._kill_stage(run, "control", struck)
+        pipeline = self.pipelines[run]
+        plane = ControlPlane(connect_redis(pipeline.settings.redis_url), pipeline.plan.run_id)
+        try:
+            version = _published_migration(plane, MIGRATION_WAIT_SECONDS, struck.details)
+
+            def note_phase() -> None:
+                # Whether the kill came before COMPLETE: the phase the dead controller left.
+                if version is not None:
+                    phase = plane.migration(version).get("phase")
+                    struck.details["mid_migration"] = phase == "running"
+
+            struck.details["mid_migration"] = False
+            self._kill_stage(run, "control", struck, while_down=note_phase)
+        finally:
+            plane.client.close()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for every fault to strike and recover, starting the stages they ask for."""
@@ -377,22 +396,22 @@ class Injector:
         self.serve()
 
 
-def _wait_for_migration(pipeline: Any, timeout: float) -> bool:
-    """Until ``pipeline``'s controller has a migration in flight (True), or ``timeout``."""
-    from pipeline.io.control_store import ControlPlane
-    from pipeline.io.redis_client import connect_redis
+def _published_migration(plane: Any, timeout: float, details: dict[str, Any]) -> int | None:
+    """The version of the migration ``plane``'s controller has in flight, polled every 5 ms
+    until one is published (a migration runs for a few hundred milliseconds), or None after
+    ``timeout`` s; the last error reading Redis (a failover meanwhile) goes to ``details``."""
+    from redis.exceptions import RedisError
 
-    plane = ControlPlane(connect_redis(pipeline.settings.redis_url), pipeline.plan.run_id)
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(Exception):  # a failover in the meantime: ask again
-                if plane.current().migrating is not None:
-                    return True
-            time.sleep(0.05)
-        return False
-    finally:
-        plane.client.close()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if (version := plane.current().migrating) is not None:
+                details["table_version"] = version
+                return int(version)
+        except RedisError as error:
+            details["wait_error"] = f"{type(error).__name__}: {error}"
+        time.sleep(0.005)
+    return None
 
 
 def _spark_workers(settings: Any) -> list[int]:

@@ -6,6 +6,7 @@ every process of the services and the runs; Redis's memory and keys; the Kafka l
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import threading
@@ -19,8 +20,9 @@ from typing import Any
 @dataclass
 class Sample:
     """One second of the soak: per run, records produced, grouped and applied, and the latency
-    histogram of the records applied since the last sample; the processes' RSS; Redis and
-    Kafka. A figure that could not be read (Redis failing over, say) is None."""
+    histogram of the records applied since the last sample; the processes' RSS (every
+    :data:`RSS_EVERY_SECONDS`, else empty); Redis and Kafka. A figure that could not be read
+    (Redis failing over, say) is None."""
 
     t_s: float
     produced: list[int | None]
@@ -53,6 +55,11 @@ class Sample:
         }
 
 
+#: Seconds between two samples of every process's RSS (each pid's RSS every second made most
+#: of an hour's samples, and memory moves slower than that).
+RSS_EVERY_SECONDS = 10
+
+
 @dataclass
 class Sampler:
     """Samples the pipelines and their processes once a second, on a thread of its own."""
@@ -83,14 +90,19 @@ class Sampler:
         stores = [StateStore(client, p.plan.run_id) for p in self.pipelines]
         previous: list[dict[int, int]] = [{} for _ in self.pipelines]
         next_at = time.monotonic()
-        while not self._stop.is_set():
+        for second in itertools.count():
+            if self._stop.is_set():
+                break
             next_at += 1.0
+            with_rss = second % RSS_EVERY_SECONDS == 0
             with contextlib.suppress(Exception):  # a second lost, not the soak
-                self.samples.append(self._sample(client, stores, previous))
+                self.samples.append(self._sample(client, stores, previous, with_rss))
             self._stop.wait(max(0.0, next_at - time.monotonic()))
         client.close()
 
-    def _sample(self, client: Any, stores: Sequence[Any], previous: list[dict[int, int]]) -> Sample:
+    def _sample(
+        self, client: Any, stores: Sequence[Any], previous: list[dict[int, int]], with_rss: bool
+    ) -> Sample:
         from pipeline.runs.latency import histogram_difference
 
         t_s = round(time.monotonic() - self.origin, 3)
@@ -129,7 +141,7 @@ class Sampler:
             grouped,
             applied,
             latency,
-            process_rss(self.services, self.pipelines),
+            process_rss(self.services, self.pipelines) if with_rss else {},
             redis_memory,
             redis_keys,
             state_keys,

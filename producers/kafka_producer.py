@@ -29,7 +29,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,9 @@ DEFAULT_EVENT_RATE = 4_000.0
 DEFAULT_WINDOW_MS = 10_000
 #: Fields per HINCRBY pipeline command when writing the truth.
 TRUTH_CHUNK = 10_000
+#: Records planned, counted and encoded at a time: a producer's memory is its keys plus this
+#: many records' plan, however long the stream (an hour's plan at once would hold gigabytes).
+PLAN_BLOCK = 65_536
 
 
 @dataclass(frozen=True)
@@ -62,13 +65,16 @@ class StreamPlan:
     sources: int
 
 
-def plan_stream(records: int, sources: int, event_rate: float, start_ms: int) -> StreamPlan:
-    """Record ``i``: producer ``i mod S``, seq ``i div S``, time ``start + floor(i*1000/E)``."""
+def plan_stream(
+    records: int, sources: int, event_rate: float, start_ms: int, first: int = 0
+) -> StreamPlan:
+    """Record ``i``: producer ``i mod S``, seq ``i div S``, time ``start + floor(i*1000/E)``;
+    the plan of records ``first`` .. ``records - 1`` of the stream."""
     if sources < 1:
         raise ValueError(f"sources must be >= 1, got {sources}")
     if not event_rate > 0:
         raise ValueError(f"event rate must be > 0, got {event_rate}")
-    index = np.arange(records, dtype=np.int64)
+    index = np.arange(first, records, dtype=np.int64)
     offsets = np.floor(index * (1000.0 / float(event_rate))).astype(np.int64)
     return StreamPlan(
         producer=(index % sources).astype(np.int64),
@@ -104,26 +110,65 @@ def ground_truth(
     return out
 
 
+def stream_truth(
+    keys: KeyBatch,
+    *,
+    sources: int,
+    event_rate: float,
+    start_ms: int,
+    window_ms: int,
+    block: int = PLAN_BLOCK,
+) -> Iterator[tuple[int, list[tuple[bytes, int]]]]:
+    """:func:`ground_truth` of the stream :func:`plan_stream` deals, window by window in
+    window order, each as soon as its last record is counted: ``block`` records at a time, so
+    only the windows still open are held (event time never goes back, so a window before the
+    block's last record's is closed)."""
+    n = len(keys)
+    open_windows: dict[int, dict[bytes, int]] = {}
+    for first in range(0, n, block):
+        last = min(n, first + block)
+        plan = plan_stream(last, sources, event_rate, start_ms, first)
+        for window, counts in ground_truth(
+            keys.slice(first, last), plan.event_time_ms, window_ms
+        ).items():
+            totals = open_windows.setdefault(window, {})
+            for key, count in counts:
+                totals[key] = totals.get(key, 0) + count
+        newest = int(window_start(plan.event_time_ms[-1:], window_ms)[0])
+        for window in sorted(w for w in open_windows if w < newest):
+            yield window, list(open_windows.pop(window).items())
+    for window in sorted(open_windows):
+        yield window, list(open_windows.pop(window).items())
+
+
 def write_truth(
     client: redis.Redis,
     names: kafka_io.RunNames,
-    truth: dict[int, list[tuple[bytes, int]]],
+    truth: Iterable[tuple[int, list[tuple[bytes, int]]]],
     *,
     write_id: str,
     replicas: int = 0,
-) -> None:
-    """HINCRBY every (key, window) count into ``truth:{window}``, in chunks of
+) -> list[int]:
+    """HINCRBY every (key, window) count of ``truth`` (``(window, [(key, count), ...])``
+    pairs, as :func:`stream_truth` yields them) into ``truth:{window}``, in chunks of
     :data:`TRUTH_CHUNK`, each added once (:func:`~pipeline.io.state_store.add_once`, marker
-    ``added:{write_id}:truth:{chunk}``) and replicated to ``replicas``."""
+    ``added:{write_id}:truth:{chunk}``) and replicated to ``replicas``; the windows written."""
     run_keys = RunKeys(names.run_id)
-    increments = [
-        (run_keys.truth(window), key, count)
-        for window, counts in truth.items()
-        for key, count in counts
-    ]
-    for chunk, first in enumerate(range(0, len(increments), TRUTH_CHUNK)):
-        marker = run_keys.added_truth(write_id, chunk)
-        add_once(client, marker, increments[first : first + TRUTH_CHUNK], replicas)
+    windows: list[int] = []
+
+    def increments() -> Iterator[tuple[str, bytes, int]]:
+        for window, counts in truth:
+            windows.append(window)
+            hash_key = run_keys.truth(window)
+            for key, count in counts:
+                yield hash_key, key, count
+
+    stream = increments()
+    chunk = 0
+    while batch := list(itertools.islice(stream, TRUTH_CHUNK)):
+        add_once(client, run_keys.added_truth(write_id, chunk), batch, replicas)
+        chunk += 1
+    return windows
 
 
 #: Seconds a gated producer waits for its run's go before it gives up (the orchestrator gives
@@ -154,6 +199,56 @@ def _split_keys(keys: KeyBatch) -> list[bytes]:
     raw = keys.data.tobytes()
     bounds = keys.offsets.tolist()
     return [raw[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+@dataclass(frozen=True)
+class SendBlock:
+    """Records ``first`` .. ``last - 1`` of a stream, ready to send: per record (index ``i -
+    first``) its key and value, producer, seq, window start, and whether it opens a window of
+    its producer (a WATERMARK goes first)."""
+
+    first: int
+    last: int
+    keys: list[bytes]
+    values: list[bytes]
+    producers: list[int]
+    seqs: list[int]
+    window_starts: list[int]
+    opens_window: list[bool]
+
+
+def send_blocks(
+    keys: KeyBatch,
+    sources: int,
+    event_rate: float,
+    start_ms: int,
+    window_ms: int,
+    block: int = PLAN_BLOCK,
+) -> Iterator[SendBlock]:
+    """The stream :func:`plan_stream` deals, ``block`` records at a time: Python objects for
+    one block only, however long the stream."""
+    n = len(keys)
+    for first in range(0, n, block):
+        last = min(n, first + block)
+        # From record first - S on: a record opens a window when its producer's previous
+        # record (i - S) was in another, and that one may be in the block before.
+        before = min(first, sources)
+        plan = plan_stream(last, sources, event_rate, start_ms, first - before)
+        windows = window_start(plan.event_time_ms, window_ms)
+        opens = np.zeros(last - first + before, dtype=bool)
+        opens[sources:] = windows[sources:] != windows[:-sources]
+        yield SendBlock(
+            first=first,
+            last=last,
+            keys=_split_keys(keys.slice(first, last)),
+            values=encode_input(
+                plan.event_time_ms[before:], plan.producer[before:], plan.seq[before:]
+            ),
+            producers=plan.producer[before:].tolist(),
+            seqs=plan.seq[before:].tolist(),
+            window_starts=windows[before:].tolist(),
+            opens_window=opens[before:].tolist(),
+        )
 
 
 @dataclass
@@ -223,17 +318,16 @@ def produce_stream(
         start_ms = int(time.time() * 1000) if start_ms is None else start_ms
     elif start_ms is None:
         start_ms = int(time.time() * 1000) // window_ms * window_ms
-    plan = plan_stream(n, sources, event_rate, start_ms)
-    truth = ground_truth(keys, plan.event_time_ms, window_ms)
     write_id = uuid.uuid4().hex
-    write_truth(redis_client, names, truth, write_id=write_id, replicas=redis_replicas)
-
-    values = encode_input(plan.event_time_ms, plan.producer, plan.seq)
-    key_list = _split_keys(keys)
-    windows = window_start(plan.event_time_ms, window_ms)
-    # A producer's record opens a new window when its previous record (i - S) was in another.
-    opens_window = np.zeros(n, dtype=bool)
-    opens_window[sources:] = windows[sources:] != windows[:-sources]
+    windows = write_truth(
+        redis_client,
+        names,
+        stream_truth(
+            keys, sources=sources, event_rate=event_rate, start_ms=start_ms, window_ms=window_ms
+        ),
+        write_id=write_id,
+        replicas=redis_replicas,
+    )
     failures: list[str] = []
 
     def on_delivery(error: Any, _message: Any) -> None:
@@ -268,30 +362,27 @@ def produce_stream(
     # first send, not from start_ms: the time the truth took, or a gate's wait, would otherwise
     # be a backlog sent at once.
     began = time.perf_counter()
-    chunk = max(1, int(rate // 100)) if paced else 65_536  # type: ignore[operator]
-    producers = plan.producer.tolist()
-    seqs = plan.seq.tolist()
-    starts = windows.tolist()
-    for first in range(0, n, chunk):
-        last = min(n, first + chunk)
-        if paced:
-            wait = began + first / event_rate - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
-        flags = opens_window[first:last].tolist()
-        for i, opens in zip(range(first, last), flags, strict=True):
-            p = producers[i]
-            if opens:
-                watermark(p, starts[i] - 1, seqs[i])
-            try:
-                producer.produce(topic, key=key_list[i], value=values[i], partition=p)
-            except BufferError:
-                send(key_list[i], values[i], p)
-        producer.poll(0)
-        if progress is not None:
-            progress(last)
-        if on_acked is not None:
-            on_acked(max(0, last - len(producer)))
+    chunk = max(1, int(rate // 100)) if paced else PLAN_BLOCK  # type: ignore[operator]
+    for block in send_blocks(keys, sources, event_rate, start_ms, window_ms):
+        for first in range(block.first, block.last, chunk):
+            last = min(block.last, first + chunk)
+            if paced:
+                wait = began + first / event_rate - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
+            for i in range(first - block.first, last - block.first):
+                p = block.producers[i]
+                if block.opens_window[i]:
+                    watermark(p, block.window_starts[i] - 1, block.seqs[i])
+                try:
+                    producer.produce(topic, key=block.keys[i], value=block.values[i], partition=p)
+                except BufferError:
+                    send(block.keys[i], block.values[i], p)
+            producer.poll(0)
+            if progress is not None:
+                progress(last)
+            if on_acked is not None:
+                on_acked(max(0, last - len(producer)))
     sent = [len(range(p, n, sources)) for p in range(sources)]
     for p in range(sources):
         watermark(p, int(END_OF_STREAM), sent[p])
@@ -312,7 +403,7 @@ def produce_stream(
     )
     return ProduceResult(
         records=n,
-        windows=sorted(truth),
+        windows=windows,
         seconds=seconds,
         sent_per_producer=sent,
         watermarks=watermarks,

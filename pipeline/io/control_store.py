@@ -49,8 +49,11 @@ MIGRATION_COUNTERS = (
 )
 #: Records kept in ``ctl:intervals`` and ``ctl:rebalances`` (the newest).
 HISTORY_LENGTH = 10_000
-#: Seconds a round's reports and the published tables are kept.
-REPORT_TTL_SECONDS = 3600
+#: Seconds the control plane keeps its past: a round's reports, a table two versions old, a
+#: completed migration's record and its done set. Long enough to inspect a run just ended;
+#: short enough that Redis stays flat under a stack that runs for days (the history that
+#: outlives them is the bounded ``ctl:rebalances`` and ``ctl:intervals``).
+HISTORY_SECONDS = 300
 
 
 def now_ms() -> int:
@@ -213,7 +216,7 @@ class ControlPlane:
         pipe = self.client.pipeline(transaction=True)
         pipe.delete(name)
         pipe.hset(name, mapping=report.to_fields())
-        pipe.expire(name, REPORT_TTL_SECONDS)
+        pipe.expire(name, HISTORY_SECONDS)
         pipe.execute()
 
     # -- controller --------------------------------------------------------------------------
@@ -278,7 +281,7 @@ class ControlPlane:
         pipe.hset(self.keys.ctl_migration(version), mapping=record)
         pipe.hset(self.keys.ctl_current, mapping={"version": version, "migrating": version})
         if version > 2:  # sources need the current and the previous table only
-            pipe.expire(self.keys.ctl_table(version - 2), REPORT_TTL_SECONDS)
+            pipe.expire(self.keys.ctl_table(version - 2), HISTORY_SECONDS)
         pipe.execute()
 
     def old_workers(self, version: int, n_workers: int) -> list[int]:
@@ -304,7 +307,11 @@ class ControlPlane:
         )
 
     def complete(self, version: int) -> bool:
-        return bool(self._complete(args=[self.keys.prefix, version, now_ms(), HISTORY_LENGTH]))
+        return bool(
+            self._complete(
+                args=[self.keys.prefix, version, now_ms(), HISTORY_LENGTH, HISTORY_SECONDS]
+            )
+        )
 
     def migration(self, version: int) -> dict[str, Any]:
         raw = self.client.hgetall(self.keys.ctl_migration(version))

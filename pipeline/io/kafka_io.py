@@ -404,8 +404,10 @@ def ensure_topics(
                     raise KafkaIOError(f"kafka: cannot create topic {name!r}: {error}") from None
         deadline = time.monotonic() + timeout
         for name, _, _ in missing:
-            while (topic := metadata(name)) is None or any(
-                p.leader < 0 for p in topic.partitions.values()
+            while (
+                (topic := metadata(name)) is None
+                or not topic.partitions
+                or any(p.leader < 0 for p in topic.partitions.values())
             ):
                 if time.monotonic() > deadline:
                     raise KafkaIOError(
@@ -456,19 +458,6 @@ def ensure_run_topics(
         ],
         replication=replication,
     )
-
-
-def _wait_for_leaders(bootstrap: str, name: str, timeout: float) -> None:
-    from confluent_kafka.admin import AdminClient
-
-    admin = AdminClient(kafka_security.admin_config(bootstrap))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        topic = admin.list_topics(topic=name, timeout=timeout).topics.get(name)
-        if topic is not None and all(p.leader >= 0 for p in topic.partitions.values()):
-            return
-        time.sleep(0.05)
-    raise KafkaIOError(f"kafka: topic {name!r} has no leaders after {timeout:.0f} s")
 
 
 @dataclass(frozen=True)

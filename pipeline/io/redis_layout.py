@@ -447,8 +447,9 @@ redis.call('HINCRBY', migration, 'released_records', released)
 return {1, keys, entries, bytes, released, -1}
 """
 
-#: ARGV: prefix, version, completed_ms, history length. Returns 1 when completed now, 0 when
-#: not all old workers have moved yet or the migration is not running.
+#: ARGV: prefix, version, completed_ms, history length, seconds the migration's record and
+#: done set are kept. Returns 1 when completed now, 0 when not all old workers have moved yet
+#: or the migration is not running.
 COMPLETE_SCRIPT = """
 local prefix, version = ARGV[1], ARGV[2]
 local migration = prefix .. 'ctl:migration:' .. version
@@ -467,5 +468,7 @@ local raw = redis.call('HGETALL', migration)
 for i = 1, #raw, 2 do record[raw[i]] = tonumber(raw[i + 1]) or raw[i + 1] end
 redis.call('RPUSH', prefix .. 'ctl:rebalances', cjson.encode(record))
 redis.call('LTRIM', prefix .. 'ctl:rebalances', -tonumber(ARGV[4]), -1)
+redis.call('EXPIRE', migration, ARGV[5])
+redis.call('EXPIRE', prefix .. 'ctl:done:' .. version, ARGV[5])
 return 1
 """

@@ -88,12 +88,16 @@ def cluster(
 
 
 def topic_replicas(bootstrap: str, topic: str) -> set[int]:
-    """How many replicas each partition of ``topic`` has (one number if all agree)."""
+    """How many replicas each partition of ``topic`` has (one number if all agree). The
+    broker asked may learn of a new topic a moment after the one that created it."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
-    partitions = admin.list_topics(topic=topic, timeout=10).topics[topic].partitions
-    return {len(partition.replicas) for partition in partitions.values()}
+    deadline = time.monotonic() + 30
+    while (described := admin.list_topics(topic=topic, timeout=10).topics[topic]).error:
+        assert time.monotonic() < deadline, f"no broker describes {topic} after 30 s"
+        time.sleep(0.2)
+    return {len(partition.replicas) for partition in described.partitions.values()}
 
 
 def test_the_documented_cluster_runs_the_demo_exactly(

@@ -18,7 +18,12 @@ from worker_batches import batch
 from operators import registry
 from operators.base import RoutingTable
 from operators.keys import KeyBatch
-from pipeline.io.control_store import ControlPlane, PublishedTable
+from pipeline.io.control_store import (
+    HISTORY_SECONDS,
+    ControlPlane,
+    PublishedTable,
+    StatisticsReport,
+)
 from pipeline.io.records import END_OF_STREAM
 from pipeline.io.state_store import StateStore
 from pipeline.stages.control_plane import compact_report
@@ -205,6 +210,38 @@ def test_a_restarted_controller_finishes_the_migration_its_predecessor_started(
     # ... and its next round plans against the published table (version 2 next).
     assert second.planner.table.version == 1
     assert plane.rebalances()[0]["keys_moved"] == len(moving)
+
+
+def test_the_control_planes_past_expires_and_what_is_in_force_stays(redis, store, plane) -> None:
+    """Over rounds and migrations the control plane's keys stay flat: a round's reports, a
+    table two versions old, a completed migration's record and done set expire within
+    :data:`HISTORY_SECONDS`; the table in force, its predecessor and ``ctl:current`` never do.
+    (Migration records used to stay for good and reports for an hour: an hour-long run grew
+    Redis by thousands of keys.)"""
+    for version in (1, 2, 3):
+        plane.report(
+            StatisticsReport(
+                source=0, round=version, table_version=version - 1, key_ids=np.array([7]),
+                frequency=np.array([1.0]), cost=np.array([1.0]), state_size=np.array([1.0]),
+                worker_loads=np.zeros(W, np.int64), records=1, names=[b"k"],
+            )
+        )  # fmt: skip
+        old, new = (version - 1) % W, version % W
+        publish_move(plane, b"k", old=old, new=new, version=version)
+        apply(store, old, version, {}, switches={0: version, 1: version})
+        assert plane.migrate(version, old, S).status == 1
+        assert plane.complete(version)
+    keys = plane.keys
+    expiring = [
+        *(keys.ctl_report(r, 0) for r in (1, 2, 3)),
+        keys.ctl_table(1),
+        *(name for v in (1, 2, 3) for name in (keys.ctl_migration(v), keys.ctl_done(v))),
+    ]
+    ttls = {name: redis.ttl(name) for name in expiring}
+    assert all(0 < ttl <= HISTORY_SECONDS for ttl in ttls.values()), ttls
+    kept = [keys.ctl_table(2), keys.ctl_table(3), keys.ctl_current, keys.ctl_rebalances]
+    assert {name: redis.ttl(name) for name in kept} == dict.fromkeys(kept, -1)
+    assert [r["version"] for r in plane.rebalances()] == [1, 2, 3]
 
 
 def test_a_feasible_readj_table_keeps_max_over_min_within_alpha(redis, plane, run_id) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+import tracemalloc
 from collections import Counter
 
 import numpy as np
@@ -37,7 +38,8 @@ from pipeline.io.records import (
     work_payloads,
 )
 from pipeline.stages.input_formats import NO_WATERMARK, SourceWatermark, validate, work_values
-from producers.kafka_producer import ground_truth, plan_stream
+from producers.kafka_producer import ground_truth, plan_stream, send_blocks, stream_truth
+from producers.workloads import parse
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 UINT32 = st.integers(min_value=0, max_value=2**32 - 1)
@@ -276,6 +278,68 @@ def test_ground_truth_equals_a_counter(keys: list[bytes], window_ms: int) -> Non
         reference.setdefault(time_ms // window_ms * window_ms, Counter())[key] += 1
     assert {w: dict(c) for w, c in truth.items()} == {w: dict(c) for w, c in reference.items()}
     assert all(len(dict(c)) == len(c) for c in truth.values())  # no key listed twice
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(st.sampled_from([b"a", b"b", b"cc", b""]), min_size=1, max_size=120),
+    st.integers(min_value=1, max_value=4),
+    st.integers(min_value=1, max_value=17),
+    st.integers(min_value=1, max_value=40),
+)
+def test_blocks_deal_the_stream_as_one_plan_does(
+    keys: list[bytes], sources: int, block: int, window_ms: int
+) -> None:
+    """Truth and records planned ``block`` at a time equal the plan of the whole stream: every
+    window's counts once, in window order; a WATERMARK before each producer's first record of
+    a window, also when its previous record lies in the block before."""
+    batch = KeyBatch.from_bytes(keys)
+    plan = plan_stream(len(keys), sources, event_rate=2_000, start_ms=5)
+    truth = ground_truth(batch, plan.event_time_ms, window_ms)
+    streamed = list(
+        stream_truth(
+            batch, sources=sources, event_rate=2_000, start_ms=5, window_ms=window_ms, block=block
+        )
+    )
+    assert [w for w, _ in streamed] == sorted(truth)
+    assert {w: dict(c) for w, c in streamed} == {w: dict(c) for w, c in truth.items()}
+
+    blocks = list(send_blocks(batch, sources, 2_000, 5, window_ms, block))
+    assert [(b.first, b.last) for b in blocks] == [
+        (f, min(len(keys), f + block)) for f in range(0, len(keys), block)
+    ]
+    windows = window_start(plan.event_time_ms, window_ms).tolist()
+    seen: set[tuple[int, int]] = set()
+    opens = []
+    for p, w in zip(plan.producer.tolist(), windows, strict=True):
+        opens.append((p, w) not in seen and any(q == p for q, _ in seen))
+        seen.add((p, w))
+    assert [k for b in blocks for k in b.keys] == keys
+    assert [o for b in blocks for o in b.opens_window] == opens
+    assert [w for b in blocks for w in b.window_starts] == windows
+    assert [v for b in blocks for v in b.values] == encode_input(
+        plan.event_time_ms, plan.producer, plan.seq
+    )
+
+
+def test_a_long_stream_is_planned_in_bounded_memory() -> None:
+    """A producer's memory is its keys plus one block's plan, however long the stream: one
+    Python object per record for the whole of an hour-long stream held gigabytes."""
+    keys = parse("zipf:z=1.2,keys=100000,n=1000000,seed=0").keys()
+    tracemalloc.start()
+    try:
+        windows = [
+            w
+            for w, _ in stream_truth(
+                keys, sources=2, event_rate=8_000, start_ms=0, window_ms=10_000
+            )
+        ]
+        sent = sum(len(b.keys) for b in send_blocks(keys, 2, 8_000, 0, 10_000))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert sent == 1_000_000 and len(windows) == 13
+    assert peak < 64 * 2**20, f"{peak / 2**20:.0f} MiB at the peak"
 
 
 def test_work_payloads_of_sliced_and_chunked_columns() -> None:
