@@ -29,6 +29,9 @@ DRIFT_SECONDS = 30.0
 WORKLOAD = (
     "drift:mode=fluctuate,z=1.0,keys=5000,intervals={intervals},workers={workers},seed={seed}"
 )
+#: Seconds a final window's result stays in Redis once checked against the truth: an hour of
+#: windows' results would otherwise grow Redis all along (``skewer aggregate --keep-results``).
+KEEP_RESULTS_SECONDS = 60
 #: Records of the saturating run that measures the cluster's capacity: enough that its
 #: start-up is a small part of its time.
 CAPACITY_RECORDS = 1_000_000
@@ -76,6 +79,7 @@ def plan_of(settings: Any, scheme: str, rate: float, seconds: float, seed: int) 
         records=int(rate * seconds),
         window_ms=WINDOW_MS,
         spark_master=settings.spark_standalone_url,
+        keep_results_s=KEEP_RESULTS_SECONDS,
     )
 
 

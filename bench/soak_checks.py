@@ -160,6 +160,8 @@ def results(
         for x in samples
         if x.t_s >= reference_s and x.state_keys is not None and outside(x.t_s)
     ]
+    redis_keys = _at_reference_and_after(samples, "redis_keys", reference_s)
+    result_keys = _at_reference_and_after(samples, "result_keys", reference_s)
     faults = [s.as_dict() | {"recovery_s": recovery.get(i)} for i, s in enumerate(struck)]
     checks = {
         "exact": all(s.get("exact") for s in summaries),
@@ -175,6 +177,10 @@ def results(
         "state_keys_flat": bool(keys_late)
         and keys_at_reference is not None
         and max(keys_late) <= max(2 * keys_at_reference, keys_at_reference + 2 * workers),
+        # The truth of every window is written at the start and leaves as windows are
+        # checked, so the whole count falls; the results must not pile up meanwhile.
+        "redis_keys_flat": _flat(redis_keys, RSS_FACTOR, 0),
+        "result_keys_flat": _flat(result_keys, 2, 6 * runs),
         "lag_recovered": all(
             r is not None and r <= LAG_RECOVERY_SECONDS for r in recovery.values()
         ),
@@ -205,9 +211,30 @@ def results(
             "reference": keys_at_reference,
             "max_after": max(keys_late) if keys_late else None,
         },
+        "redis_keys": redis_keys,
+        "result_keys": result_keys,
         "checks": checks,
         "samples": [x.as_dict() for x in samples],
     }
+
+
+def _at_reference_and_after(
+    samples: Sequence[Sample], field: str, reference_s: float
+) -> dict[str, int | None]:
+    """A count's first sample at the reference moment and its highest after it."""
+    after = [
+        value for x in samples if x.t_s >= reference_s and (value := getattr(x, field)) is not None
+    ]
+    return {"reference": after[0] if after else None, "max_after": max(after, default=None)}
+
+
+def _flat(counts: Mapping[str, int | None], factor: float, slack: int) -> bool:
+    """Whether a count never rose above ``factor`` x its reference (or the reference plus
+    ``slack``) after it."""
+    reference, highest = counts["reference"], counts["max_after"]
+    if reference is None or highest is None:
+        return False
+    return highest <= max(factor * reference, reference + slack)
 
 
 def verdicts(data: dict[str, Any]) -> list[tuple[str, str]]:
@@ -230,6 +257,14 @@ def verdicts(data: dict[str, Any]) -> list[tuple[str, str]]:
             f"{_yes(checks['state_keys_flat'])} ({keys['reference']}, then at most "
             f"{keys['max_after']})",
         ),
+        (
+            f"Redis keys flat (at most {RSS_FACTOR:.2f}x the count {reference})",
+            _counted(checks.get("redis_keys_flat"), data.get("redis_keys")),
+        ),
+        (
+            "results of closed windows leave Redis once checked (`--keep-results`)",
+            _counted(checks.get("result_keys_flat"), data.get("result_keys")),
+        ),
         (lag, _yes(checks["lag_recovered"])),
         (
             f"p99 outside the faults within {P99_FACTOR}x of the first part's",
@@ -240,6 +275,12 @@ def verdicts(data: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _yes(value: bool) -> str:
     return "yes" if value else "NO"
+
+
+def _counted(flat: bool | None, counts: Mapping[str, int | None] | None) -> str:
+    if flat is None or counts is None:  # a page written before the check existed
+        return "-"
+    return f"{_yes(flat)} ({counts['reference']}, then at most {counts['max_after']})"
 
 
 def markdown(data: dict[str, Any]) -> str:

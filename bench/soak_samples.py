@@ -34,6 +34,8 @@ class Sample:
     redis_keys: int | None
     state_keys: int | None
     kafka_log_mb: float | None
+    #: Keys of final windows' results (``result:*``, ``resultsum:*``, ``topk:*``).
+    result_keys: int | None = None
 
     def lag(self, run: int) -> int | None:
         """Records produced but not yet applied by ``run``'s workers."""
@@ -52,6 +54,7 @@ class Sample:
             "redis_keys": self.redis_keys,
             "state_keys": self.state_keys,
             "kafka_log_mb": self.kafka_log_mb,
+            "result_keys": self.result_keys,
         }
 
 
@@ -126,14 +129,27 @@ class Sampler:
             applied.append(progress.processed)
             latency.append(histogram_difference(histogram, previous[run]))
             previous[run] = histogram
-        redis_memory = redis_keys = state_keys = None
+        redis_memory = redis_keys = state_keys = result_keys = None
+
+        def count(pattern: str) -> int:
+            return sum(1 for _ in client.scan_iter(match=pattern, count=1000))
+
         with contextlib.suppress(Exception):
             redis_memory = round(int(client.info("memory")["used_memory"]) / 2**20, 3)
             redis_keys = int(client.dbsize())
             state_keys = sum(
-                sum(1 for _ in client.scan_iter(match=store.keys.state_family(kind), count=1000))
+                count(store.keys.state_family(kind))
                 for store in stores
                 for kind in ("state", "held")
+            )
+            result_keys = sum(
+                count(pattern)
+                for store in stores
+                for pattern in (
+                    store.keys.result("*"),
+                    store.keys.result_sums("*"),
+                    store.keys.topk("*"),
+                )
             )
         return Sample(
             t_s,
@@ -146,6 +162,7 @@ class Sampler:
             redis_keys,
             state_keys,
             kafka_log_mb(self.services),
+            result_keys,
         )
 
 

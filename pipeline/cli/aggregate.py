@@ -6,8 +6,9 @@ When the minimum over the W workers' watermarks reaches a window's last millisec
 ``--lateness-ms``, the window's partial counts are merged across workers, the final counts and
 the ``--top-k`` keys go to Redis (``result:{window}``, ``topk:{window}``) and as JSON to topic
 ``results``, and the partial state is freed; idempotent across crashes (see
-pipeline/stages/aggregator.py). ``--until-end`` exits once every window is final after
-END_OF_STREAM. Exit 2 on bad arguments, 1 when Kafka or Redis does not answer.
+pipeline/stages/aggregator.py). ``--keep-results S`` checks each published window against
+the ground truth and lets its keys expire S seconds later. ``--until-end`` exits once every
+window is final after END_OF_STREAM. Exit 2 on bad arguments, 1 when Kafka or Redis does not answer.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 
 from pipeline.cli.arguments import (
     add_command,
+    add_keep_results_argument,
     add_stage_arguments,
     add_window_argument,
     stop_on_sigterm,
@@ -38,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_window_argument(parser)
     parser.add_argument("--lateness-ms", type=int, default=0, help="allowed lateness (0)")
     parser.add_argument("--top-k", type=int, default=10, metavar="K", help="top keys (10)")
+    add_keep_results_argument(parser)
     add_stage_arguments(parser, scheme_label=True, until_end="exit after END_OF_STREAM")
     parser.add_argument("--verbose", action="store_true", help="a line per finalized window")
     parser.set_defaults(handler=run)
@@ -62,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         run_id=args.run_id,
         until_end=args.until_end,
+        keep_results_s=args.keep_results_s,
     )
     try:
         options.validate()

@@ -61,6 +61,19 @@ def add_window_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window-ms", type=int, default=10_000, help="window length (10000)")
 
 
+def add_keep_results_argument(parser: argparse.ArgumentParser) -> None:
+    """``--keep-results SECONDS``: how long a window's result stays in Redis once published."""
+    parser.add_argument(
+        "--keep-results",
+        type=int,
+        metavar="SECONDS",
+        dest="keep_results_s",
+        help="a window's result, top-k and ground truth leave Redis SECONDS after its result "
+        "is published to topic results, checked against the truth first (verify adds up what "
+        "was checked); for runs that go on for hours (default: kept until the run is deleted)",
+    )
+
+
 def add_commit_interval_argument(parser: argparse.ArgumentParser, *, several: bool = False) -> None:
     """``--commit-interval-ms``: the grouping stage's transaction cadence, the longest a source
     waits for a batch to fill up (:data:`~pipeline.io.kafka_io.COMMIT_INTERVAL_MS`); with

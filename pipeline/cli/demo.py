@@ -34,6 +34,7 @@ from pipeline.cli.arguments import (
     add_commit_interval_argument,
     add_input_topic_arguments,
     add_jit_argument,
+    add_keep_results_argument,
     add_param_argument,
     add_scheme_argument,
     add_spark_master_argument,
@@ -64,6 +65,7 @@ PLAN_FLAGS = (
     "control_interval",
     "control_every",
     "commit_interval_ms",
+    "keep_results_s",
 )
 
 
@@ -117,6 +119,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "reporting after every N/S of its own (the simulator's rounds)",
     )
     add_commit_interval_argument(parser)
+    add_keep_results_argument(parser)
     add_input_topic_arguments(parser)
     parser.add_argument("--verify", action="store_true", help="exit 1 unless counts are exact")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

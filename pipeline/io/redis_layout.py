@@ -113,13 +113,14 @@ class RunKeys:
         """Hash worker -> when its emulated server is done with its last batch (epoch ms)."""
         return f"{self.prefix}busy"
 
-    def result(self, window: int) -> str:
+    def result(self, window: int | str) -> str:
+        """Hash key -> final count of ``window`` (``"*"``: a SCAN pattern)."""
         return f"{self.prefix}result:{window}"
 
-    def result_sums(self, window: int) -> str:
+    def result_sums(self, window: int | str) -> str:
         return f"{self.prefix}resultsum:{window}"
 
-    def topk(self, window: int) -> str:
+    def topk(self, window: int | str) -> str:
         return f"{self.prefix}topk:{window}"
 
     @property
@@ -137,6 +138,24 @@ class RunKeys:
     @property
     def windows_published(self) -> str:
         return f"{self.prefix}windows:published"
+
+    @property
+    def windows_checked(self) -> str:
+        """Set of published windows checked against the truth, whose result and truth then
+        expire (``skewer aggregate --keep-results``)."""
+        return f"{self.prefix}windows:checked"
+
+    @property
+    def checked(self) -> str:
+        """Hash of the checked windows' totals: windows, keys, truth_records, result_records,
+        mismatches."""
+        return f"{self.prefix}checked"
+
+    @property
+    def checked_mismatches(self) -> str:
+        """List of the checked windows' first differing counts, JSON ``[window, key, truth,
+        result]``."""
+        return f"{self.prefix}checked:mismatches"
 
     @property
     def config(self) -> str:
@@ -366,6 +385,29 @@ for i = 1, #ARGV, 3 do
   else
     redis.call('HINCRBY', ARGV[i], ARGV[i + 1], ARGV[i + 2])
   end
+end
+return 1
+"""
+
+#: ARGV: prefix, window, seconds to keep, keys, truth records, result records, mismatches,
+#: mismatch rows kept at most, then JSON mismatch rows. Records a published window's check
+#: against the truth once (0 if it was already) and lets its result, sums, top-k and truth
+#: expire: the run's totals keep what verify needs.
+RETIRE_WINDOW_SCRIPT = """
+local prefix, window, keep = ARGV[1], ARGV[2], ARGV[3]
+if redis.call('SADD', prefix .. 'windows:checked', window) == 0 then return 0 end
+local totals = prefix .. 'checked'
+redis.call('HINCRBY', totals, 'windows', 1)
+redis.call('HINCRBY', totals, 'keys', ARGV[4])
+redis.call('HINCRBY', totals, 'truth_records', ARGV[5])
+redis.call('HINCRBY', totals, 'result_records', ARGV[6])
+redis.call('HINCRBY', totals, 'mismatches', ARGV[7])
+local rows = prefix .. 'checked:mismatches'
+for i = 9, #ARGV do
+  if redis.call('LLEN', rows) < tonumber(ARGV[8]) then redis.call('RPUSH', rows, ARGV[i]) end
+end
+for _, family in ipairs({'result:', 'resultsum:', 'topk:', 'truth:'}) do
+  redis.call('EXPIRE', prefix .. family .. window, keep)
 end
 return 1
 """

@@ -18,7 +18,7 @@ idempotent counters.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -32,7 +32,13 @@ from pipeline.io.redis_client import (
     replicas_to_wait,
     retry_through_restarts,
 )
-from pipeline.io.redis_layout import ADD_ONCE_SCRIPT, APPLY_SCRIPT, FINALIZE_SCRIPT, RunKeys
+from pipeline.io.redis_layout import (
+    ADD_ONCE_SCRIPT,
+    APPLY_SCRIPT,
+    FINALIZE_SCRIPT,
+    RETIRE_WINDOW_SCRIPT,
+    RunKeys,
+)
 
 if TYPE_CHECKING:
     import redis as redis_module
@@ -145,6 +151,19 @@ class Verification:
         return self.mismatch_count == 0 and self.windows > 0
 
 
+@dataclass(frozen=True)
+class CheckedWindows:
+    """What the aggregator checked of a run's windows before their results expired
+    (``--keep-results``): the totals :func:`pipeline.runs.verify.verify_run` adds to its own."""
+
+    windows: frozenset[int] = frozenset()
+    keys: int = 0
+    truth_records: int = 0
+    result_records: int = 0
+    mismatch_count: int = 0
+    mismatches: list[tuple[int, bytes, int, int]] = field(default_factory=list)
+
+
 @dataclass
 class Differences:
     """The (window, key) values that differ between what was expected and what a run gave:
@@ -208,6 +227,7 @@ class StateStore:
         self.replicas = replicas
         self._apply = register_script(client, APPLY_SCRIPT)
         self._finalize = register_script(client, FINALIZE_SCRIPT)
+        self._retire = register_script(client, RETIRE_WINDOW_SCRIPT)
 
     @classmethod
     def from_url(cls, url: str, run_id: str) -> StateStore:
@@ -344,6 +364,41 @@ class StateStore:
     def mark_published(self, window: int) -> None:
         self.client.sadd(self.keys.windows_published, window)
 
+    def unchecked_windows(self) -> list[int]:
+        """Published windows not yet checked against the truth (``--keep-results``)."""
+        raw = self.client.sdiff(self.keys.windows_published, self.keys.windows_checked)
+        return sorted(int(w) for w in raw)
+
+    def retire_window(self, window: int, keep_seconds: int, keep_mismatches: int = 20) -> bool:
+        """Check published ``window`` against the truth, add the outcome to the run's checked
+        totals, and let its result, sums, top-k and truth expire in ``keep_seconds``: once
+        (False if it was already). A result is final once published, so checking it now is
+        checking it at the end."""
+        truth, result = self.truth(window), self.result(window)
+        differences = Differences(keep_mismatches)
+        differences.compare(window, truth, result)
+        rows = [json.dumps([w, key_text(k), e, g]) for w, k, e, g in differences.first]
+        args = [self.keys.prefix, window, keep_seconds, len(truth), sum(truth.values())]
+        args += [sum(result.values()), differences.count, keep_mismatches, *rows]
+        return bool(self._retire(args=args))
+
+    def checked_windows(self) -> CheckedWindows:
+        """The totals of the windows :meth:`retire_window` checked."""
+        pipe = self.client.pipeline()
+        pipe.smembers(self.keys.windows_checked)
+        pipe.hgetall(self.keys.checked)
+        pipe.lrange(self.keys.checked_mismatches, 0, -1)
+        windows, totals, rows = pipe.execute()
+        number = {k.decode(): int(v) for k, v in totals.items()}
+        return CheckedWindows(
+            windows=frozenset(int(w) for w in windows),
+            keys=number.get("keys", 0),
+            truth_records=number.get("truth_records", 0),
+            result_records=number.get("result_records", 0),
+            mismatch_count=number.get("mismatches", 0),
+            mismatches=[(w, key_bytes(k), e, g) for w, k, e, g in map(json.loads, rows)],
+        )
+
     # -- reads (verification, summaries) ---------------------------------------------------
 
     def result(self, window: int) -> dict[bytes, int]:
@@ -432,9 +487,10 @@ class StateStore:
                 total[int(bucket)] = total.get(int(bucket), 0) + int(count)
         return total
 
-    def verify(self, max_mismatches: int = 20) -> Verification:
-        """Every (key, window) of the ground truth against the final result, both ways."""
-        windows = sorted(set(self.truth_windows()) | set(self.final_windows()))
+    def verify(self, max_mismatches: int = 20, skip: Collection[int] = ()) -> Verification:
+        """Every (key, window) of the ground truth against the final result, both ways, but
+        for the windows in ``skip`` (checked already: :meth:`retire_window`)."""
+        windows = sorted((set(self.truth_windows()) | set(self.final_windows())) - set(skip))
         differences = Differences(max_mismatches)
         keys = 0
         for window in windows:

@@ -89,6 +89,9 @@ class RunPlan:
     commit_interval_ms: int = kafka_io.COMMIT_INTERVAL_MS
     #: The workers' Spark trigger (``skewer work --trigger``: micro-batch or real-time).
     trigger: str = config.MICRO_BATCH
+    #: Seconds a published window's result stays in Redis (``skewer aggregate
+    #: --keep-results``); None: until the run is deleted.
+    keep_results_s: int | None = None
 
     @property
     def worker_jit(self) -> str:
@@ -180,6 +183,13 @@ class RunPlan:
             raise ValueError(f"--control-every must be >= 1, got {self.control_every}")
         if self.cpu_cost_us < 0:
             raise ValueError(f"--cpu-cost-us must be >= 0, got {self.cpu_cost_us}")
+        if self.keep_results_s is not None and self.keep_results_s < 0:
+            raise ValueError(f"--keep-results must be >= 0, got {self.keep_results_s}")
+        if self.keep_results_s is not None and self.input_topic is not None:
+            raise ValueError(
+                "--keep-results checks each window against the producers' ground truth; a run "
+                "on --input-topic has none, and verify --recount reads its results from Redis"
+            )
         if self.rate is not None and not self.rate > 0:
             raise ValueError(f"--rate must be > 0, got {self.rate}")
         if not self.event_rate > 0:
@@ -281,6 +291,8 @@ class RunPlan:
         if stage == "aggregate":
             out = ["aggregate", *workers, *window, "--lateness-ms", str(self.lateness_ms)]
             out += ["--top-k", str(self.top_k)]
+            if self.keep_results_s is not None:
+                out += ["--keep-results", str(self.keep_results_s)]
             return [*out, *run, "--until-end", "--json"]
         raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
 

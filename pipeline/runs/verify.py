@@ -116,21 +116,24 @@ def produced_records(store: StateStore) -> int:
 
 
 def verify_run(store: StateStore, max_reported: int = MAX_REPORTED) -> RunVerification:
-    """Check the run of ``store`` (see the module docstring); reads Redis only."""
-    compared = store.verify(max_mismatches=max_reported)
-    truth_windows = store.truth_windows()
+    """Check the run of ``store`` (see the module docstring); reads Redis only. The windows
+    the aggregator checked before their results expired (``--keep-results``) count with the
+    totals it recorded; the others are compared here."""
+    checked = store.checked_windows()
+    compared = store.verify(max_mismatches=max_reported, skip=checked.windows)
+    truth_windows = [w for w in store.truth_windows() if w not in checked.windows]
     final = set(store.final_windows())
     truth_records = sum(sum(store.truth(w).values()) for w in truth_windows)
-    result_records = sum(sum(store.result(w).values()) for w in sorted(final))
+    result_records = sum(sum(store.result(w).values()) for w in sorted(final - checked.windows))
     return RunVerification(
-        windows=compared.windows,
-        keys=compared.keys,
-        truth_records=truth_records,
-        result_records=result_records,
+        windows=len(checked.windows) + compared.windows,
+        keys=checked.keys + compared.keys,
+        truth_records=checked.truth_records + truth_records,
+        result_records=checked.result_records + result_records,
         produced_records=produced_records(store),
         missing_windows=[w for w in truth_windows if w not in final],
         leftover_state=len(store.state_keys()),
         late_records=int(store.per_worker_total("late")),
-        mismatches=compared.mismatches,
-        mismatch_count=compared.mismatch_count,
+        mismatches=(checked.mismatches + compared.mismatches)[:max_reported],
+        mismatch_count=checked.mismatch_count + compared.mismatch_count,
     )

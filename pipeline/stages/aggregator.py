@@ -6,7 +6,8 @@ A window is final when the pipeline's watermark (the minimum of the workers' ``w
 has passed its end plus the lateness (:func:`operators.windows.closable_windows`). Then, per
 window: close it and read the partials (one MULTI), merge and take the top-k (pure), finalize
 (one guarded Lua script: result, top-k, partials freed, ``windows:final``), and publish its
-record to ``results`` (``windows:published`` once Kafka acknowledged it). A crash anywhere
+record to ``results`` (``windows:published`` once Kafka acknowledged it); with
+``keep_results_s``, check it against the truth and let its keys expire. A crash anywhere
 leaves a state the next pass completes without doing anything twice
 (docs/design.md#closing-a-window). Records of ``results``: :func:`result_records`.
 
@@ -44,9 +45,14 @@ class AggregateOptions:
     top_k: int = 10
     run_id: str = "default"
     until_end: bool = False
+    #: Seconds a published window's result and truth stay in Redis after it is checked
+    #: against the truth (``--keep-results``); None: until the run is deleted.
+    keep_results_s: int | None = None
 
     def validate(self) -> None:
         """ValueError with one line for the user unless every setting makes sense."""
+        if self.keep_results_s is not None and self.keep_results_s < 0:
+            raise ValueError(f"--keep-results must be >= 0, got {self.keep_results_s}")
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
         if self.window_ms < 1:
@@ -155,6 +161,9 @@ class Aggregator:
             self.publish(records)
             self.store.mark_published(window)
             summary.published.append(window)
+        if self.options.keep_results_s is not None:
+            for window in self.store.unchecked_windows():
+                self.store.retire_window(window, self.options.keep_results_s)
         summary.finished = (
             watermark == END_OF_STREAM
             and not self.store.open_windows()

@@ -420,6 +420,10 @@ def run(
     return summary
 
 
+#: Heap of each executor on a standalone cluster (Spark's default size, fixed).
+EXECUTOR_MEMORY = "1g"
+
+
 def job_session(options: WorkOptions) -> SparkSession:
     """The job's own session on ``options.spark_master``, with a core for each task at once
     (the cost model runs a micro-batch's tasks side by side); a session that has too few is
@@ -427,7 +431,8 @@ def job_session(options: WorkOptions) -> SparkSession:
 
     On a standalone master the job asks for exactly those cores (``spark.cores.max``): an
     application without it takes every core of the cluster, although a micro-batch never
-    runs more than its tasks at once, and other jobs (another run's workers) would wait."""
+    runs more than its tasks at once, and other jobs (another run's workers) would wait. Its
+    executors there have a fixed heap of :data:`EXECUTOR_MEMORY`."""
     from pipeline.io.artifacts import ArtifactError, ensure_realtime_writer
     from pipeline.io.spark_session import (
         SparkClusterError,
@@ -440,7 +445,15 @@ def job_session(options: WorkOptions) -> SparkSession:
     if master == config.DEFAULT_SPARK_MASTER:
         master = f"local[{slots},{TASK_ATTEMPTS}]"
     standalone = (
-        {"spark.cores.max": str(options.task_count)} if master.startswith("spark://") else {}
+        {
+            "spark.cores.max": str(options.task_count),
+            # A fixed heap, touched at start: an executor's memory is what it will be, and
+            # one whose RSS grows has a leak to look for (its off-heap part).
+            "spark.executor.memory": EXECUTOR_MEMORY,
+            "spark.executor.extraJavaOptions": f"-Xms{EXECUTOR_MEMORY} -XX:+AlwaysPreTouch",
+        }
+        if master.startswith("spark://")
+        else {}
     )
     # A real-time writer runs in the JVM: its jar instead of the Python workers' daemon.
     real_time = options.trigger == REAL_TIME

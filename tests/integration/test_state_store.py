@@ -209,6 +209,46 @@ def test_publication_is_retried_after_a_failure(store: StateStore) -> None:
     assert len(sent) == 1
 
 
+def test_kept_results_expire_once_checked_and_verify_adds_up_the_checks(
+    store: StateStore,
+) -> None:
+    """``--keep-results``: a published window is checked against the truth once, its result,
+    top-k and truth expire, and verify counts it from the checked totals: exact when every
+    count matched, the first differences named when one did not; a restarted aggregator
+    checks nothing twice."""
+    from pipeline.runs.verify import verify_run
+
+    keys = store.keys
+    store.client.hset(keys.truth(0), mapping={b"a": 5, b"c": 4})
+    store.client.hset(keys.truth(10_000), mapping={b"b": 2})
+    store.client.hset(keys.truth(20_000), mapping={b"d": 1})
+    store.client.set(keys.producer_sent(0), 12)
+    options = AggregateOptions(
+        workers=1, run_id=keys.run_id, keep_results_s=0, until_end=True, top_k=1
+    )
+    published: list[tuple[bytes, bytes]] = []
+    store.apply(batch(0, 0, {(0, b"a"): 5, (0, b"c"): 4, (10_000, b"b"): 1}), 1)
+    store.apply(batch(0, 1, {}, marks={0: 19_999}), 1)
+    step = Aggregator(store, options, published.extend).step()
+    assert step.published == [0, 10_000]
+    assert store.unchecked_windows() == []
+    gone = [keys.result(0), keys.topk(0), keys.truth(0), keys.result(10_000), keys.truth(10_000)]
+    assert store.client.exists(*gone) == 0
+    assert store.client.exists(keys.truth(20_000)) == 1  # not final yet: kept
+    assert len(published) == 2  # the results topic has them
+    # A restarted aggregator finds both checked: nothing is counted twice.
+    assert store.retire_window(0, 0) is False
+    store.apply(batch(0, 2, {(20_000, b"d"): 1}, marks={0: int(END_OF_STREAM)}), 1)
+    assert Aggregator(store, options, published.extend).step().finished
+    report = verify_run(store)
+    assert (report.windows, report.keys, report.truth_records, report.result_records) == (
+        3, 4, 12, 11,
+    )  # fmt: skip
+    assert not report.exact and report.mismatch_count == 1
+    assert report.mismatches == [(10_000, b"b", 2, 1)]
+    assert store.client.exists(*(keys.result(w) for w in (0, 10_000, 20_000))) == 0
+
+
 def test_config_mismatch_is_refused(store: StateStore) -> None:
     assert store.claim_config(window_ms=10_000, workers=4) == {}
     assert store.claim_config(window_ms=5_000, workers=4) == {"window_ms": (10_000, 5_000)}

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
 
 from bench import chaos, soak_checks
 from bench.soak_samples import Sample
+from pipeline.runs.plan import RunPlan
+
+PLAN = RunPlan("pkg", 100, workers=2, workload="zipf:z=1,keys=10")
 
 
 def sample(t: float, produced: int, applied: int, state_keys: int = 8) -> Sample:
@@ -80,9 +84,13 @@ def test_the_verdicts_name_what_failed() -> None:
             "no_stage_left_stopped": False,
             "rss_grown": {"kafka-1": 1.31},
             "state_keys_flat": False,
+            "redis_keys_flat": True,
+            "result_keys_flat": False,
             "lag_recovered": True,
             "p99_within": True,
         },
+        "redis_keys": {"reference": 2000, "max_after": 2100},
+        "result_keys": {"reference": 12, "max_after": 700},
     }
     verdicts = dict(soak_checks.verdicts(data))
     assert verdicts["no stage or service left stopped"] == "NO"
@@ -92,3 +100,30 @@ def test_the_verdicts_name_what_failed() -> None:
     assert verdicts["partial-state keys flat (closed windows' deleted)"] == (
         "NO (16, then at most 900)"
     )
+    assert (
+        verdicts["Redis keys flat (at most 1.10x the count 600 s in)"]
+        == "yes (2000, then at most 2100)"
+    )
+    assert verdicts["results of closed windows leave Redis once checked (`--keep-results`)"] == (
+        "NO (12, then at most 700)"
+    )
+
+
+def test_a_count_is_flat_within_its_factor_or_slack_of_the_reference() -> None:
+    def counted(t: float, redis_keys: int, result_keys: int) -> Sample:
+        return dataclasses.replace(sample(t, 0, 0), redis_keys=redis_keys, result_keys=result_keys)
+
+    samples = [counted(0.0, 900, 0), counted(600.0, 1000, 10), counted(3000.0, 1100, 20)]
+    data = soak_checks.results(
+        plans=[PLAN], rate=1.0, capacity=None, load=0.5, seed=1, seconds=3600.0, samples=samples,
+        struck=[], summaries=[], stopped=[], services_down=[], ran_s=3600.0,
+    )  # fmt: skip
+    assert data["redis_keys"] == {"reference": 1000, "max_after": 1100}
+    assert data["checks"]["redis_keys_flat"]  # 1.1x
+    assert data["checks"]["result_keys_flat"]  # 2x, more than 10 + 6 x 1 run of slack
+    samples.append(counted(3600.0, 1101, 21))
+    data = soak_checks.results(
+        plans=[PLAN], rate=1.0, capacity=None, load=0.5, seed=1, seconds=3600.0, samples=samples,
+        struck=[], summaries=[], stopped=[], services_down=[], ran_s=3600.0,
+    )  # fmt: skip
+    assert not data["checks"]["redis_keys_flat"] and not data["checks"]["result_keys_flat"]
