@@ -31,7 +31,7 @@ WORKLOAD = (
 )
 #: Seconds a final window's result stays in Redis once checked against the truth: an hour of
 #: windows' results would otherwise grow Redis all along (``skewer aggregate --keep-results``).
-KEEP_RESULTS_SECONDS = 60
+KEEP_RESULTS_SECONDS = 10
 #: Records of the saturating run that measures the cluster's capacity: enough that its
 #: start-up is a small part of its time.
 CAPACITY_RECORDS = 1_000_000

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.io import config
+from pipeline.io.kafka_io import RunNames
 from pipeline.runs.orchestrator import Pipeline, start_together
 from pipeline.runs.plan import RunPlan
 from pipeline.runs.summary import RunSummary
@@ -86,7 +87,7 @@ def report_hang(spark: Any, run_id: str) -> str:
     threads and the Python workers' stacks written to a file in the temporary folder. The
     query is then stopped, so that later tests in the same Spark application get its slots."""
     lines: list[str] = []
-    query = next((q for q in spark.streams.active if q.name == f"skewer-work-{run_id}"), None)
+    query = next((q for q in spark.streams.active if q.name == RunNames(run_id).work_query), None)
     if query is not None:
         progress = query.lastProgress or {}
         lines.append(
@@ -106,7 +107,9 @@ def report_hang(spark: Any, run_id: str) -> str:
         dump.append(python_threads.read())
     path = Path(tempfile.gettempdir()) / f"skewer-hang-{run_id}.txt"
     path.write_text("\n\n".join(dump))
-    stream = _thread_frames(jvm_threads, f'"stream execution thread for skewer-work-{run_id}')
+    stream = _thread_frames(
+        jvm_threads, f'"stream execution thread for {RunNames(run_id).work_query}'
+    )
     if stream:
         lines.append(f"its stream thread at {' < '.join(stream[0][:3])}")
     tasks = Counter(

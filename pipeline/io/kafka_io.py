@@ -76,6 +76,11 @@ class RunNames:
         """The prefix of the run's Redis keys (:mod:`pipeline.io.redis_layout`)."""
         return run_prefix(self.run_id)
 
+    @property
+    def work_query(self) -> str:
+        """The name of the workers' Spark application and of their streaming query."""
+        return f"skewer-work-{self.run_id}"
+
     def transactional_id(self, source: int) -> str:
         """One per grouping source: a restarted source fences its predecessor by this id."""
         return f"skewer.{self.run_id}.{self.topic_prefix}group.{source}"

@@ -177,9 +177,11 @@ def active_applications(settings: Settings, timeout: float = 10.0) -> list[dict[
 
 def executor_pids(settings: Settings, run_ids: list[str]) -> list[int]:
     """The pids of the executor JVMs on this machine of the Spark applications of runs
-    ``run_ids`` (``skewer-work-{run}``, by the application ids the master gives them): another
-    application on the cluster may have executors too."""
-    names = {f"skewer-work-{run}" for run in run_ids}
+    ``run_ids`` (``RunNames.work_query``, by the application ids the master gives them):
+    another application on the cluster may have executors too."""
+    from pipeline.io.kafka_io import RunNames
+
+    names = {RunNames(run).work_query for run in run_ids}
     ids = {
         f"--app-id\0{a['id']}\0".encode()
         for a in active_applications(settings)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.io import config, kafka_security, records
 from pipeline.io.config import MICRO_BATCH, REAL_TIME, TRIGGERS
+from pipeline.io.kafka_io import RunNames
 from pipeline.io.spark_session import JIT_MODES, is_local
 from pipeline.io.state_store import StateStore
 from pipeline.stages import worker_realtime
@@ -263,7 +264,7 @@ def start_query(
             spark,
             reader.load().select("partition", "offset", "key", "value", timestamp_ms),
             java_writer,
-            query_name=f"skewer-work-{options.run_id}",
+            query_name=RunNames(options.run_id).work_query,
             checkpoint=str(options.checkpoint),
             settings=options.realtime,
         )
@@ -284,7 +285,7 @@ def start_query(
         on_batch(batch_id, [TaskSummary(*row) for row in collect_in_foreach_batch(frame)])
 
     return (
-        summaries.writeStream.queryName(f"skewer-work-{options.run_id}")
+        summaries.writeStream.queryName(RunNames(options.run_id).work_query)
         .option("checkpointLocation", str(options.checkpoint))
         .foreachBatch(collect_batch)
         .start()
@@ -463,7 +464,7 @@ def job_session(options: WorkOptions) -> SparkSession:
     except ArtifactError as error:
         raise WorkerJobError(str(error)) from None
     spark = build_spark_session(
-        f"skewer-work-{options.run_id}",
+        RunNames(options.run_id).work_query,
         master=master,
         shuffle_partitions=slots,
         extra_conf={**standalone, **daemon},

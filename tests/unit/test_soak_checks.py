@@ -104,24 +104,25 @@ def test_the_verdicts_name_what_failed() -> None:
         verdicts["Redis keys flat (at most 1.10x the count 600 s in)"]
         == "yes (2000, then at most 2100)"
     )
-    assert verdicts["results of closed windows leave Redis once checked (`--keep-results`)"] == (
-        "NO (12, then at most 700)"
+    results = (
+        "results of closed windows leave Redis once checked (`--keep-results`; outside the faults)"
     )
+    assert verdicts[results] == "NO (12, then at most 700)"
 
 
 def test_a_count_is_flat_within_its_factor_or_slack_of_the_reference() -> None:
     def counted(t: float, redis_keys: int, result_keys: int) -> Sample:
         return dataclasses.replace(sample(t, 0, 0), redis_keys=redis_keys, result_keys=result_keys)
 
-    samples = [counted(0.0, 900, 0), counted(600.0, 1000, 10), counted(3000.0, 1100, 20)]
+    samples = [counted(0.0, 900, 0), counted(600.0, 1000, 10), counted(3000.0, 1100, 22)]
     data = soak_checks.results(
         plans=[PLAN], rate=1.0, capacity=None, load=0.5, seed=1, seconds=3600.0, samples=samples,
         struck=[], summaries=[], stopped=[], services_down=[], ran_s=3600.0,
     )  # fmt: skip
     assert data["redis_keys"] == {"reference": 1000, "max_after": 1100}
     assert data["checks"]["redis_keys_flat"]  # 1.1x
-    assert data["checks"]["result_keys_flat"]  # 2x, more than 10 + 6 x 1 run of slack
-    samples.append(counted(3600.0, 1101, 21))
+    assert data["checks"]["result_keys_flat"]  # 2x, more than 10 + 12 x 1 run of slack
+    samples.append(counted(3600.0, 1101, 23))
     data = soak_checks.results(
         plans=[PLAN], rate=1.0, capacity=None, load=0.5, seed=1, seconds=3600.0, samples=samples,
         struck=[], summaries=[], stopped=[], services_down=[], ran_s=3600.0,
