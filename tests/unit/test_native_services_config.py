@@ -90,8 +90,10 @@ def test_prometheus_config_and_command(tmp_path: Path) -> None:
     assert f"--config.file={tmp_path / 'prometheus' / 'prometheus.yml'}" in prometheus.command()
 
 
-def test_services_come_in_a_fixed_order_and_unknown_names_fail() -> None:
-    settings = config.load({})
+def test_services_come_in_a_fixed_order_and_unknown_names_fail(tmp_path: Path) -> None:
+    # A run folder of its own: the default one says which services are up here (a cluster's
+    # three Kafka nodes, say), and that is not what this test is about.
+    settings = config.load({"SKEWER_RUN_DIR": str(tmp_path)})
     names = [s.name for s in manager.native_services(settings, ["prometheus", "kafka"])]
     assert names == ["kafka", "prometheus"]
     with pytest.raises(native.ServiceError, match="unknown service 'zk'; valid services: kafka"):
