@@ -407,7 +407,7 @@ def _published_migration(plane: Any, timeout: float, details: dict[str, Any]) ->
         try:
             if (version := plane.current().migrating) is not None:
                 details["table_version"] = version
-                return int(version)
+                return version
         except RedisError as error:
             details["wait_error"] = f"{type(error).__name__}: {error}"
         time.sleep(0.005)

@@ -150,22 +150,17 @@ def results(
             names[pid] = name
     ratios = growth(rss, reference_s)
     grown = {names[pid]: ratio for pid, ratio in ratios.items() if ratio > RSS_FACTOR}
-    keys_at_reference = next(
-        (x.state_keys for x in samples if x.t_s >= reference_s and x.state_keys is not None), None
-    )
+    quiet = [x for x in samples if outside(x.t_s)]
     # A fault holds windows open (the watermark waits for the workers), so their keys pile up
     # until it recovers: what must stay flat is the count outside the faults.
-    keys_late = [
-        x.state_keys
-        for x in samples
-        if x.t_s >= reference_s and x.state_keys is not None and outside(x.t_s)
-    ]
+    state_keys = {
+        "reference": _at_reference_and_after(samples, "state_keys", reference_s)["reference"],
+        "max_after": _at_reference_and_after(quiet, "state_keys", reference_s)["max_after"],
+    }
     redis_keys = _at_reference_and_after(samples, "redis_keys", reference_s)
     # Windows a fault held open become final at once when it recovers: their results are
     # there together for ``--keep-results`` seconds. What must stay flat is the count outside.
-    result_keys = _at_reference_and_after(
-        [x for x in samples if outside(x.t_s)], "result_keys", reference_s
-    )
+    result_keys = _at_reference_and_after(quiet, "result_keys", reference_s)
     faults = [s.as_dict() | {"recovery_s": recovery.get(i)} for i, s in enumerate(struck)]
     checks = {
         "exact": all(s.get("exact") for s in summaries),
@@ -178,9 +173,7 @@ def results(
         "faults_struck": sum(1 for s in struck if s.killed_s is not None),
         "faults_failed": [f"{s.fault.kind}: {s.error}" for s in struck if s.error],
         "rss_grown": grown,
-        "state_keys_flat": bool(keys_late)
-        and keys_at_reference is not None
-        and max(keys_late) <= max(2 * keys_at_reference, keys_at_reference + 2 * workers),
+        "state_keys_flat": _flat(state_keys, 2, 2 * workers),
         # The truth of every window is written at the start and leaves as windows are
         # checked, so the whole count falls; the results must not pile up meanwhile.
         "redis_keys_flat": _flat(redis_keys, RSS_FACTOR, 0),
@@ -211,10 +204,7 @@ def results(
         "services_down": list(services_down),
         "p99": p99,
         "rss_growth": {f"{names[pid]} ({pid})": r for pid, r in sorted(ratios.items())},
-        "state_keys": {
-            "reference": keys_at_reference,
-            "max_after": max(keys_late) if keys_late else None,
-        },
+        "state_keys": state_keys,
         "redis_keys": redis_keys,
         "result_keys": result_keys,
         "checks": checks,
@@ -244,7 +234,6 @@ def _flat(counts: Mapping[str, int | None], factor: float, slack: int) -> bool:
 def verdicts(data: dict[str, Any]) -> list[tuple[str, str]]:
     """Each check of the soak with its outcome, as the results page words them."""
     checks = data["checks"]
-    keys = data["state_keys"]
     grown = ", ".join(f"{name} {ratio:.2f}x" for name, ratio in checks["rss_grown"].items())
     reference = f"{data['seconds'] * REFERENCE:.0f} s in"
     lag = f"lag back to its level before each fault within {LAG_RECOVERY_SECONDS:g} s"
@@ -258,8 +247,7 @@ def verdicts(data: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         (
             "partial-state keys flat (closed windows' deleted)",
-            f"{_yes(checks['state_keys_flat'])} ({keys['reference']}, then at most "
-            f"{keys['max_after']})",
+            _counted(checks["state_keys_flat"], data["state_keys"]),
         ),
         (
             f"Redis keys flat (at most {RSS_FACTOR:.2f}x the count {reference})",

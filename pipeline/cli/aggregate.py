@@ -8,7 +8,8 @@ the ``--top-k`` keys go to Redis (``result:{window}``, ``topk:{window}``) and as
 ``results``, and the partial state is freed; idempotent across crashes (see
 pipeline/stages/aggregator.py). ``--keep-results S`` checks each published window against
 the ground truth and lets its keys expire S seconds later. ``--until-end`` exits once every
-window is final after END_OF_STREAM. Exit 2 on bad arguments, 1 when Kafka or Redis does not answer.
+window is final after END_OF_STREAM. Exit 2 on bad arguments, 1 when Kafka or Redis does not
+answer.
 """
 
 from __future__ import annotations

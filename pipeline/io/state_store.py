@@ -358,16 +358,18 @@ class StateStore:
 
     def unpublished_windows(self) -> list[int]:
         """Final windows whose result record is not yet acknowledged by Kafka."""
-        raw = self.client.sdiff(self.keys.windows_final, self.keys.windows_published)
-        return sorted(int(w) for w in raw)
+        return self._windows_in_but_not(self.keys.windows_final, self.keys.windows_published)
 
     def mark_published(self, window: int) -> None:
         self.client.sadd(self.keys.windows_published, window)
 
     def unchecked_windows(self) -> list[int]:
         """Published windows not yet checked against the truth (``--keep-results``)."""
-        raw = self.client.sdiff(self.keys.windows_published, self.keys.windows_checked)
-        return sorted(int(w) for w in raw)
+        return self._windows_in_but_not(self.keys.windows_published, self.keys.windows_checked)
+
+    def _windows_in_but_not(self, windows: str, done: str) -> list[int]:
+        """The windows of set ``windows`` that set ``done`` lacks, in order."""
+        return sorted(int(w) for w in self.client.sdiff(windows, done))
 
     def retire_window(self, window: int, keep_seconds: int, keep_mismatches: int = 20) -> bool:
         """Check published ``window`` against the truth, add the outcome to the run's checked
