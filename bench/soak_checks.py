@@ -110,6 +110,28 @@ def lag_recovery(
     return recovery
 
 
+def startup_end(samples: Sequence[Sample], reference_s: float, runs: int) -> float:
+    """Seconds until every run, once applying, first had a lag at most its median over the
+    first ``reference_s``: the backlog the runs start with (produced while their Spark
+    applications planned their first batches) applied. Their latency before then is the
+    start-up's, not the steady state the later parts are held to."""
+    first = [x for x in samples if x.t_s <= reference_s]
+    medians = []
+    for run in range(runs):
+        lags = sorted(lag for x in first if (lag := x.lag(run)) is not None)
+        medians.append(lags[len(lags) // 2] if lags else 0)
+    for x in first:
+        if all(
+            (applied := x.applied[run]) is not None
+            and applied > 0
+            and (lag := x.lag(run)) is not None
+            and lag <= medians[run]
+            for run in range(runs)
+        ):
+            return x.t_s
+    return reference_s
+
+
 def results(
     *,
     plans: Sequence[Any],
@@ -135,9 +157,12 @@ def results(
     def outside(t: float) -> bool:
         return not any(a <= t <= b for a, b in windows)
 
+    steady_s = startup_end(samples, reference_s, runs)
     p99: list[dict[str, float | None]] = []
     for run in range(runs):
-        first = [x.latency[run] for x in samples if x.t_s <= reference_s and outside(x.t_s)]
+        first = [
+            x.latency[run] for x in samples if steady_s <= x.t_s <= reference_s and outside(x.t_s)
+        ]
         rest = [x.latency[run] for x in samples if x.t_s > reference_s and outside(x.t_s)]
         p99.append(
             {"first": latency_quantile_of(first, 0.99), "rest": latency_quantile_of(rest, 0.99)}
@@ -202,6 +227,7 @@ def results(
         "faults": faults,
         "stopped": list(stopped),
         "services_down": list(services_down),
+        "startup_s": steady_s,
         "p99": p99,
         "rss_growth": {f"{names[pid]} ({pid})": r for pid, r in sorted(ratios.items())},
         "state_keys": state_keys,
@@ -260,7 +286,12 @@ def verdicts(data: dict[str, Any]) -> list[tuple[str, str]]:
         ),
         (lag, _yes(checks["lag_recovered"])),
         (
-            f"p99 outside the faults within {P99_FACTOR}x of the first part's",
+            f"p99 outside the faults within {P99_FACTOR}x of the first part's"
+            + (
+                f" (from {data['startup_s']:.0f} s in, the start-up's backlog applied)"
+                if data.get("startup_s") is not None
+                else ""
+            ),
             _yes(checks["p99_within"]),
         ),
     ]

@@ -414,6 +414,26 @@ def test_kafka_cluster_replicates_like_the_native_cluster(compose: dict[str, Any
     assert single["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == "1"
 
 
+def test_every_broker_keeps_the_coordinators_logs_small_like_the_native_one(
+    compose: dict[str, Any],
+) -> None:
+    """The offsets and transaction-state topics roll their segments as the native brokers' do
+    (deploy/kafka/server.properties): a node that takes one of their partitions over reads it
+    whole before it coordinates again, and compaction keeps only closed segments small."""
+    native = dict(
+        line.split("=", 1)
+        for line in (ROOT / "deploy" / "kafka" / "server.properties").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    expected = {
+        "KAFKA_OFFSETS_TOPIC_SEGMENT_BYTES": native["offsets.topic.segment.bytes"],
+        "KAFKA_TRANSACTION_STATE_LOG_SEGMENT_BYTES": native["transaction.state.log.segment.bytes"],
+    }
+    for name in ("kafka", *KAFKA_NODES):
+        env = service_environment(compose["services"][name])
+        assert {key: env.get(key) for key in expected} == expected, name
+
+
 def test_the_bootstrap_variable_points_every_skewer_service_at_the_cluster(
     raw: dict[str, Any], compose: dict[str, Any]
 ) -> None:

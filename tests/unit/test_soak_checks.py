@@ -128,3 +128,33 @@ def test_a_count_is_flat_within_its_factor_or_slack_of_the_reference() -> None:
         struck=[], summaries=[], stopped=[], services_down=[], ran_s=3600.0,
     )  # fmt: skip
     assert not data["checks"]["redis_keys_flat"] and not data["checks"]["result_keys_flat"]
+
+
+def test_the_p99_reference_starts_once_the_start_up_backlog_is_applied() -> None:
+    """Applying starts at 20 s on a backlog of 20 s of records, drained by 40 s; the lag's
+    median over the first part is its steady 500, first reached at 40 s."""
+    samples = [sample(t, 1000 * t, 0) for t in range(0, 20)]
+    samples += [sample(t, 1000 * t, 2000 * (t - 20) + 1) for t in range(20, 40)]
+    samples += [sample(t, 1000 * t, 1000 * t - 500) for t in range(40, 600)]
+    assert soak_checks.startup_end(samples, reference_s=100.0, runs=1) == 40.0
+    # Its records waited up to 20 s; the steady ones 0.5 s, and so does the rest.
+    for x in samples:
+        x.latency[0][20_000 if x.t_s < 40 else 500] = 1000
+    data = soak_checks.results(
+        plans=[PLAN],
+        rate=1000.0,
+        capacity=None,
+        load=0.5,
+        seed=1,
+        seconds=600.0,
+        samples=samples,
+        struck=[],
+        summaries=[],
+        stopped=[],
+        services_down=[],
+        ran_s=600.0,
+    )
+    assert data["startup_s"] == 40.0
+    assert data["p99"][0]["first"] == data["p99"][0]["rest"]
+    label = dict(soak_checks.verdicts(data))
+    assert any("from 40 s in, the start-up's backlog applied" in check for check in label)
