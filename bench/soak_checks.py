@@ -260,7 +260,7 @@ def _flat(counts: Mapping[str, int | None], factor: float, slack: int) -> bool:
 def verdicts(data: dict[str, Any]) -> list[tuple[str, str]]:
     """Each check of the soak with its outcome, as the results page words them."""
     checks = data["checks"]
-    grown = ", ".join(f"{name} {ratio:.2f}x" for name, ratio in checks["rss_grown"].items())
+    grown = ", ".join(f"{name} {ratio:.3f}x" for name, ratio in checks["rss_grown"].items())
     reference = f"{data['seconds'] * REFERENCE:.0f} s in"
     lag = f"lag back to its level before each fault within {LAG_RECOVERY_SECONDS:g} s"
     return [

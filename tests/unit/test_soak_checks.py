@@ -95,7 +95,7 @@ def test_the_verdicts_name_what_failed() -> None:
     verdicts = dict(soak_checks.verdicts(data))
     assert verdicts["no stage or service left stopped"] == "NO"
     assert verdicts["RSS of every process at the end within 1.10x of its RSS 600 s in"] == (
-        "NO: kafka-1 1.31x"
+        "NO: kafka-1 1.310x"
     )
     assert verdicts["partial-state keys flat (closed windows' deleted)"] == (
         "NO (16, then at most 900)"
