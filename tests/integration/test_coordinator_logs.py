@@ -5,8 +5,8 @@ moved back to their preferred nodes) reads all of it before it coordinates the g
 again; the grouping stage's transactions commit their offsets there, so until then they stay
 open and the run's read_committed readers wait. Compaction keeps such a log to the last commit
 of each group, but never touches a log's open segment: with Kafka's 100 MiB segments an hour of
-commits stayed whole, and a takeover in the hour-long soak stalled both runs for 10-25 s. The
-broker's coordinator topics have 1 MiB segments (deploy/kafka/server.properties).
+commits stays whole, and the takeover, with the workers' wait, grows with the run's age. The
+brokers' coordinator topics have 1 MiB segments (deploy/kafka/server.properties).
 
 The test commits ~18 MiB of offsets for one group, the same partition over and over, then reads
 the group's ``__consumer_offsets`` partition from its start, as a new coordinator would, until
