@@ -157,11 +157,11 @@ def results(
     def outside(t: float) -> bool:
         return not any(a <= t <= b for a, b in windows)
 
-    steady_s = startup_end(samples, reference_s, runs)
+    startup_s = startup_end(samples, reference_s, runs)
     p99: list[dict[str, float | None]] = []
     for run in range(runs):
         first = [
-            x.latency[run] for x in samples if steady_s <= x.t_s <= reference_s and outside(x.t_s)
+            x.latency[run] for x in samples if startup_s <= x.t_s <= reference_s and outside(x.t_s)
         ]
         rest = [x.latency[run] for x in samples if x.t_s > reference_s and outside(x.t_s)]
         p99.append(
@@ -227,7 +227,7 @@ def results(
         "faults": faults,
         "stopped": list(stopped),
         "services_down": list(services_down),
-        "startup_s": steady_s,
+        "startup_s": startup_s,
         "p99": p99,
         "rss_growth": {f"{names[pid]} ({pid})": r for pid, r in sorted(ratios.items())},
         "state_keys": state_keys,

@@ -303,6 +303,15 @@ class NativeBackend:
             manager.release(self.settings, self.leased)
 
 
+def native_kafka_properties() -> dict[str, str]:
+    """The native broker's settings, name -> value, as deploy/kafka/server.properties spells
+    them (its ``${...}`` fields unfilled)."""
+    template = (config.DEPLOY_DIR / "kafka" / "server.properties").read_text()
+    return dict(
+        line.split("=", 1) for line in template.splitlines() if line and not line.startswith("#")
+    )
+
+
 def kafka_environment(host: str, port: int) -> dict[str, str]:
     """The ``KAFKA_*`` variables of a single KRaft node whose clients connect to ``host:port``,
     set like the native broker's server.properties (deploy/kafka/server.properties).

@@ -39,6 +39,7 @@ from compose_files import (
     stage_env,
     variable_defaults,
 )
+from service_backends import native_kafka_properties
 
 from pipeline.cli import demo
 from pipeline.cli.app import build_parser
@@ -420,11 +421,7 @@ def test_every_broker_keeps_the_coordinators_logs_small_like_the_native_one(
     """The offsets and transaction-state topics roll their segments as the native brokers' do
     (deploy/kafka/server.properties): a node that takes one of their partitions over reads it
     whole before it coordinates again, and compaction keeps only closed segments small."""
-    native = dict(
-        line.split("=", 1)
-        for line in (ROOT / "deploy" / "kafka" / "server.properties").read_text().splitlines()
-        if line and not line.startswith("#")
-    )
+    native = native_kafka_properties()
     expected = {
         "KAFKA_OFFSETS_TOPIC_SEGMENT_BYTES": native["offsets.topic.segment.bytes"],
         "KAFKA_TRANSACTION_STATE_LOG_SEGMENT_BYTES": native["transaction.state.log.segment.bytes"],

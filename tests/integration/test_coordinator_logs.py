@@ -8,10 +8,10 @@ of each group, but never touches a log's open segment: with Kafka's 100 MiB segm
 commits stays whole, and the takeover, with the workers' wait, grows with the run's age. The
 brokers' coordinator topics have 1 MiB segments (deploy/kafka/server.properties).
 
-The test commits ~18 MiB of offsets for one group, the same partition over and over, then reads
+The test commits ~17 MiB of offsets for one group, the same partition over and over, then reads
 the group's ``__consumer_offsets`` partition from its start, as a new coordinator would, until
 compaction has left less than 4 MiB of it (the open segment and the last commit of each key).
-With 100 MiB segments all 18 MiB stay.
+With 100 MiB segments all 17 MiB stay.
 """
 
 from __future__ import annotations

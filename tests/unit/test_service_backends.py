@@ -20,6 +20,7 @@ from service_backends import (
     compose_image_defaults,
     disable_ryuk_if_absent,
     kafka_environment,
+    native_kafka_properties,
     resolve_images,
 )
 
@@ -126,12 +127,7 @@ def test_the_container_broker_is_configured_like_the_native_one() -> None:
         for name, value in environment.items()
         if name.startswith("KAFKA_") and not name.endswith("_OPTS")
     }
-    native = {}
-    template = (config.DEPLOY_DIR / "kafka" / "server.properties").read_text()
-    for line in template.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.partition("=")
-            native[name] = value
+    native = native_kafka_properties()
     # A single node: the template's fields for replication and in-sync replicas are 1.
     single = {"${replication}": "1", "${min_insync}": "1"}
     for name, value in native.items():
