@@ -337,7 +337,11 @@ def two_runs_at_the_fault_moment(
     mixed one only, over ``fields``) side by side, their producers started together once both
     runs are ready; yields them once the mixed one, on a drifting stream, has a migration in
     flight, with both still running: the moment a fault test strikes both at once. The pkg
-    run's stream is the longer (20 s against 8 s), so it still has records in flight then."""
+    run's stream is the longer (20 s against 8 s), so it still has records in flight then.
+
+    Both producers have written records by then: a stage connects to its services once as it
+    starts, and one still starting when the fault strikes would fail at its start instead of
+    riding out the fault (:func:`wait_until_each_produces`)."""
     plans = [
         fault_plan("pkg", f"{tag}-pkg", **{"records": 60_000, **fields}),
         fault_plan("mixed", f"{tag}-mixed", **{**fields, **(mixed or {})}),
@@ -345,10 +349,18 @@ def two_runs_at_the_fault_moment(
     with contextlib.ExitStack() as runs:
         pipelines = [runs.enter_context(run_of(plan, settings)) for plan in plans]
         start_together(pipelines)
+        wait_until_each_produces(pipelines)
         wait_for_the_fault_moment(pipelines[1])
         pkg = pipelines[0]
         assert pkg.progress().processed < pkg.plan.records, "the pkg run ended before the fault"
         yield pipelines
+
+
+def wait_until_each_produces(pipelines: list[Pipeline]) -> None:
+    """Wait until every run's producer has written records, so that each has passed its start
+    (the last of a run's stages to start, :func:`~pipeline.runs.orchestrator.start_together`)."""
+    for pipeline in pipelines:
+        wait_for(pipeline, lambda p: p.produced > 0, f"{pipeline.plan.run_id}'s first records")
 
 
 def check_exact_without_restarts(pipeline: Pipeline, timeout: float = RUN_TIMEOUT) -> None:

@@ -30,9 +30,9 @@ import hashlib
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from pipeline.io import config
 from pipeline.io.artifacts import ensure_spark_jars
@@ -69,6 +69,28 @@ EXECUTOR_SETTLE_SECONDS = 15.0
 
 class SparkClusterError(Exception):
     """The Spark master does not answer, or its executors are too few; one line."""
+
+
+Answer = TypeVar("Answer")
+
+
+def ask_the_driver(read: Callable[[], Answer]) -> Answer:
+    """``read()``, a question to the driver's JVM, asked once more on a new connection when
+    py4j lost the one it asked on before the answer came.
+
+    py4j resends a command only when it could not send it, because it cannot know whether the
+    JVM ran one it did send. A question that changes nothing (a query's state, its error, its
+    progress) is safe to ask twice, and a long-running job should not end because one of its
+    connections to a live JVM broke. An error the JVM raised, or a second loss, is raised.
+    """
+    from py4j.protocol import Py4JError, Py4JJavaError
+
+    try:
+        return read()
+    except Py4JJavaError:
+        raise
+    except Py4JError:
+        return read()
 
 
 def is_local(master: str) -> bool:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from pipeline.io import config, kafka_security, records
 from pipeline.io.config import MICRO_BATCH, REAL_TIME, TRIGGERS
 from pipeline.io.kafka_io import RunNames
-from pipeline.io.spark_session import JIT_MODES, is_local
+from pipeline.io.spark_session import JIT_MODES, ask_the_driver, is_local
 from pipeline.io.state_store import StateStore
 from pipeline.stages import worker_realtime
 from pipeline.stages.worker_realtime import RealTimeSettings
@@ -386,7 +386,7 @@ def run(
     started = time.monotonic()
     query = start_query(spark, options, count_batch)
     try:
-        while query.isActive and not summary.finished:
+        while ask_the_driver(lambda: query.isActive) and not summary.finished:
             if options.trigger == REAL_TIME:  # a grouping stage that started after this one
                 refuse_sums_in_real_time(store)
             if options.until_end and all(
@@ -399,10 +399,10 @@ def run(
                 if options.trigger != REAL_TIME:
                     with contextlib.suppress(Exception):
                         query.processAllAvailable()
-                summary.finished = query.exception() is None
+                summary.finished = ask_the_driver(query.exception) is None
             else:
                 time.sleep(poll_seconds)
-        error = query.exception()
+        error = ask_the_driver(query.exception)
         if error is not None:
             raise WorkerJobError(f"the streaming query failed: {failure_reason(error)}")
         summary.processed = store.processed_per_worker(options.workers).tolist()
