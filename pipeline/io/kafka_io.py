@@ -135,6 +135,19 @@ def transactional_producer_config(
     return config
 
 
+#: How much a consumer fetches ahead of what it was asked for. librdkafka's defaults (here
+#: once 200,000 records, 64 MiB queued, 8 MiB per fetch) let a consumer that falls behind, as a
+#: grouping source does while a broker is down, hold some 120 MiB more until the backlog is
+#: read, which the process keeps as its high-water mark after (glibc rarely returns freed
+#: heap). These hold it to about 30 MiB and still read over a million records a second, several
+#: times what a source routes (tests/integration/test_consumer_prefetch.py).
+PREFETCH: dict[str, int] = {
+    "queued.min.messages": 50_000,
+    "queued.max.messages.kbytes": 8 << 10,
+    "max.partition.fetch.bytes": 2 << 20,
+}
+
+
 def consumer_config(bootstrap: str, group_id: str, **overrides: Any) -> dict[str, Any]:
     """A consumer for manual assignment whose offsets are committed only by transactions."""
     config: dict[str, Any] = {
@@ -146,8 +159,9 @@ def consumer_config(bootstrap: str, group_id: str, **overrides: Any) -> dict[str
         "isolation.level": "read_committed",
         "enable.partition.eof": False,
         "fetch.wait.max.ms": 50,
-        "queued.min.messages": 200_000,
-        "max.partition.fetch.bytes": 8 << 20,
+        # What librdkafka prefetches over a backlog, bounded (PREFETCH): two and a half of the
+        # grouping stage's batches, and fetches small enough not to overshoot that.
+        **PREFETCH,
         # librdkafka pauses fetching this long once its local queue is full (default 1 s):
         # with batch consumption that is a stall every time the queue refills.
         "fetch.queue.backoff.ms": 10,

@@ -5,8 +5,9 @@
 very Spark the driver links: ``org.apache.spark.deploy.master.Master`` on
 ``settings.spark_standalone`` (``spark://127.0.0.1:17077`` by default, its web UI on the next
 port) and ``...deploy.worker.Worker`` i on a web UI port after that, each offering C cores and
-M of memory to executors. Everything binds to 127.0.0.1 (``SPARK_LOCAL_IP``: without it the UI
-listens on every interface and Spark advertises the machine's external address), and a
+M of memory to executors. Everything binds to a loopback address (``SPARK_LOCAL_IP``: without
+it the UI listens on every interface and Spark advertises the machine's external address):
+the master to 127.0.0.1, worker i and its executors to 127.0.0.i (:func:`worker_host`), and a
 worker deletes the folders of finished applications (``spark.worker.cleanup.enabled``: every
 executor fetches the driver's jars into one). The master is healthy when its UI says ALIVE; a
 worker when its own UI answers and the master lists it ALIVE.
@@ -16,7 +17,7 @@ Example (no process is started):
     >>> settings = config.load({"SKEWER_CACHE_DIR": "/tmp/skewer-doc"})
     >>> worker = SparkWorkerService(settings, 2, cores=4)
     >>> worker.name, worker.web_url
-    ('spark-worker-2', 'http://127.0.0.1:17080')
+    ('spark-worker-2', 'http://127.0.0.2:17080')
     >>> worker.command()[1:4]
     ['org.apache.spark.deploy.worker.Worker', 'spark://127.0.0.1:17077', '--host']
 """
@@ -45,6 +46,26 @@ def worker_name(index: int) -> str:
     return f"spark-worker-{index}"
 
 
+def worker_host(settings: Settings, index: int) -> str:
+    """Where worker ``index`` and its executors bind: a loopback address of its own,
+    127.0.0.``index``, when the master's is 127.0.0.1 or ``localhost`` (Linux answers on all of
+    127/8), else the master's host.
+
+    Each worker is then a host of its own to Spark, as on separate machines: Spark runs a
+    speculative copy of a slow task only on a host where no attempt of it ran
+    (docs/design.md#spark-pitfalls), so on one address a stalled executor's tasks would have
+    no second chance.
+
+    >>> from pipeline.io import config
+    >>> [worker_host(config.load({}), i) for i in (1, 2)]
+    ['127.0.0.1', '127.0.0.2']
+    >>> worker_host(config.load({"SKEWER_SPARK_STANDALONE": "10.0.0.5:7077"}), 2)
+    '10.0.0.5'
+    """
+    host = settings.spark_standalone_host
+    return f"127.0.0.{index}" if host in ("127.0.0.1", "localhost") else host
+
+
 def spark_home() -> Path:
     """The pip package's Spark distribution (its ``bin/spark-class`` and ``jars/``)."""
     import pyspark
@@ -60,6 +81,11 @@ class _SparkDaemon(NativeService):
         return self.settings.spark_standalone_port + 1
 
     @property
+    def host(self) -> str:
+        """The address this daemon binds to and advertises."""
+        return self.settings.spark_standalone_host
+
+    @property
     def master_web_url(self) -> str:
         return f"http://{self.settings.spark_standalone_host}:{self.master_web_port}"
 
@@ -71,7 +97,7 @@ class _SparkDaemon(NativeService):
     def environment(self) -> dict[str, str]:
         return {
             **os.environ,
-            "SPARK_LOCAL_IP": self.settings.spark_standalone_host,
+            "SPARK_LOCAL_IP": self.host,
             "SPARK_LOG_DIR": str(self.data_dir),
             "SPARK_NO_DAEMONIZE": "1",
         }
@@ -127,8 +153,12 @@ class SparkWorkerService(_SparkDaemon):
         return self.master_web_port + self.index
 
     @property
+    def host(self) -> str:
+        return worker_host(self.settings, self.index)
+
+    @property
     def web_url(self) -> str:
-        return f"http://{self.settings.spark_standalone_host}:{self.web_port}"
+        return f"http://{self.host}:{self.web_port}"
 
     @property
     def address(self) -> str:
@@ -146,7 +176,7 @@ class SparkWorkerService(_SparkDaemon):
             "org.apache.spark.deploy.worker.Worker",
             self.settings.spark_standalone_url,
             "--host",
-            self.settings.spark_standalone_host,
+            self.host,
             "--cores",
             str(self.cores),
             "--memory",

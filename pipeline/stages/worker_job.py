@@ -423,6 +423,26 @@ def run(
 
 #: Heap of each executor on a standalone cluster (Spark's default size, fixed).
 EXECUTOR_MEMORY = "1g"
+#: Speculative copies of a micro-batch's slow tasks, on a cluster. A micro-batch ends with its
+#: slowest task, and an executor that stalls (a replacement's first tasks while its JVM and
+#: Python daemon start on a busy machine, a long pause, a slow node) held every batch for as
+#: long as it did. Once half of a batch's tasks are done, Spark starts a copy of a task that
+#: has run three times their median and at least two seconds, on another host, and keeps the
+#: first to finish. Both attempts may apply; the apply is idempotent per (worker, batch), so
+#: one counts (docs/design.md#spark-pitfalls). Not in Real-Time Mode, whose tasks run for the
+#: whole of a long batch by design.
+#:
+#: The Kafka source prefers one executor per partition (its consumer is cached there), and a
+#: task waits ``spark.locality.wait`` (3 s by default) for its executor to have a free core
+#: before it runs elsewhere: while a stalled executor holds its cores, every batch waited that
+#: long. Half a second keeps a healthy executor's partitions on it and a stalled one's moving.
+SPECULATION = {
+    "spark.speculation": "true",
+    "spark.speculation.quantile": "0.5",
+    "spark.speculation.multiplier": "3",
+    "spark.speculation.minTaskRuntime": "2s",
+    "spark.locality.wait": "500ms",
+}
 
 
 def job_session(options: WorkOptions) -> SparkSession:
@@ -459,6 +479,7 @@ def job_session(options: WorkOptions) -> SparkSession:
     # A real-time writer runs in the JVM: its jar instead of the Python workers' daemon.
     real_time = options.trigger == REAL_TIME
     daemon = {} if real_time else {"spark.python.daemon.module": PYTHON_DAEMON_MODULE}
+    speculation = {} if real_time or is_local(master) else SPECULATION
     try:
         writer_jars = [ensure_realtime_writer()] if real_time else []
     except ArtifactError as error:
@@ -467,7 +488,7 @@ def job_session(options: WorkOptions) -> SparkSession:
         RunNames(options.run_id).work_query,
         master=master,
         shuffle_partitions=slots,
-        extra_conf={**standalone, **daemon},
+        extra_conf={**standalone, **daemon, **speculation},
         jit=options.jit,
         extra_jars=writer_jars,
     )

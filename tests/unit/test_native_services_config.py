@@ -184,7 +184,10 @@ def test_spark_standalone_services_order_and_the_spark_shorthand(tmp_path: Path)
     assert [s.name for s in asked] == ["redis", "spark-master", "spark-worker-1", "spark-worker-2"]
     worker = asked[-1]
     assert worker.command()[worker.command().index("--cores") + 1] == "3"
-    assert worker.environment()["SPARK_LOCAL_IP"] == "127.0.0.1"  # type: ignore[index]
+    # Worker 2 is a host of its own, for Spark's speculative copies (worker_host).
+    assert worker.environment()["SPARK_LOCAL_IP"] == "127.0.0.2"  # type: ignore[index]
+    assert worker.command()[worker.command().index("--host") + 1] == "127.0.0.2"
+    assert asked[-3].environment()["SPARK_LOCAL_IP"] == "127.0.0.1"  # type: ignore[index]
     assert "spark.worker.cleanup.enabled=true" in worker.environment()["SPARK_WORKER_OPTS"]  # type: ignore[index]
     # Without names: the default three, and the Spark services `up` left pid files of.
     assert [s.name for s in manager.native_services(settings)] == list(manager.SERVICE_NAMES)
