@@ -135,9 +135,9 @@ def transactional_producer_config(
     return config
 
 
-#: How much a consumer fetches ahead of what it was asked for. librdkafka's defaults (here
-#: once 200,000 records, 64 MiB queued, 8 MiB per fetch) let a consumer that falls behind, as a
-#: grouping source does while a broker is down, hold some 120 MiB more until the backlog is
+#: How much a consumer fetches ahead of what it was asked for. With larger bounds (200,000
+#: records, librdkafka's 64 MiB queue, 8 MiB per fetch) a consumer that falls behind, as a
+#: grouping source does while a broker is down, holds some 100 MiB more until the backlog is
 #: read, which the process keeps as its high-water mark after (glibc rarely returns freed
 #: heap). These hold it to about 30 MiB and still read over a million records a second, several
 #: times what a source routes (tests/integration/test_consumer_prefetch.py).

@@ -240,7 +240,9 @@ class RunKeys:
 #: a micro-batch's id twice (docs/design.md#applying-a-micro-batch), or in Real-Time Mode the
 #: first and last Kafka offsets of the rows (docs/design.md#real-time-mode). Rows are applied
 #: only when all of them are beyond it; -1 tells a real-time writer to drop those that are not
-#: and apply the rest.
+#: and apply the rest. A call that finds them applied sets ``applied:{worker}`` again: another
+#: attempt may have applied them a moment ago on the primary, and the caller's WAIT covers
+#: only its own connection's writes.
 #:
 #: A (window, key) whose key is in ``ctl:pending:{worker}`` (it migrates here and its state has
 #: not arrived yet; docs/design.md#migration-protocol) is held back: counted in
@@ -250,9 +252,11 @@ APPLY_SCRIPT = """
 local prefix, worker, first, last = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local applied_key = prefix .. 'applied:' .. worker
 local done = redis.call('GET', applied_key)
-if done then
+if done and tonumber(done) >= first then
+  -- Written again, so that the WAIT after this call waits for the apply it found as well.
+  redis.call('SET', applied_key, done)
   if tonumber(done) >= tonumber(last) then return 0 end
-  if tonumber(done) >= first then return -1 end
+  return -1
 end
 local n_sources = tonumber(ARGV[5])
 local closed_set = prefix .. 'windows:closed'

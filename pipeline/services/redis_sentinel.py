@@ -36,7 +36,10 @@ from pipeline.services.redis_server import RedisService
 
 REPLICAS = 2
 #: A primary that does not answer this long is down for a sentinel (quorum 2 of 3 agree).
-DOWN_AFTER_MS = 1_000
+#: Not shorter: a replica just promoted, on a busy machine, can miss a second of pings, and a
+#: second failover then promotes another replica while clients still write to the first,
+#: whose writes (acknowledged by a replica of its own) are dropped when it is demoted.
+DOWN_AFTER_MS = 5_000
 #: How long a failover may take before Sentinel tries another replica.
 FAILOVER_TIMEOUT_MS = 5_000
 QUORUM = 2

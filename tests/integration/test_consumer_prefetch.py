@@ -1,13 +1,13 @@
 """A consumer of skewer's fetches a bounded backlog ahead of what it was asked for.
 
 A grouping source that falls behind (a broker was down, its transactions waited) has a
-backlog to read, and librdkafka fetches ahead of each batch: with its defaults some 120 MiB,
-which the process keeps as its high-water mark after the backlog is gone. A soak showed one
-source's memory grow so after each broker fault. ``kafka_io.PREFETCH`` bounds it.
+backlog to read, and librdkafka fetches ahead of each batch, as much as its bounds allow; the
+process keeps that as its high-water mark after the backlog is gone. ``kafka_io.PREFETCH``
+bounds it.
 
 The test writes a backlog of 300,000 records, then a fresh process consumes one batch of
 20,000 the way a source does, waits while librdkafka prefetches, and reports how much its
-resident memory grew: at most 64 MiB (with librdkafka's defaults it grows some 120 MiB).
+resident memory grew: at most 64 MiB (with 200,000 records and 8 MiB fetches, about 100 MiB).
 """
 
 from __future__ import annotations

@@ -46,6 +46,34 @@ def test_apply_is_idempotent_per_worker_and_batch(store: StateStore) -> None:
     assert store.open_windows() == [0, 10_000]
 
 
+def test_an_apply_that_finds_its_batch_applied_writes_for_its_wait_to_cover(
+    store: StateStore, redis: Any
+) -> None:
+    """Two attempts of one task (a retry, a speculative copy) may run at once: one applies,
+    the other finds the batch applied and changes nothing. Behind Sentinel each then WAITs for
+    a replica, but WAIT covers only its own connection's writes: had the second written
+    nothing, it would succeed at once while the first's apply was still on the primary alone,
+    and a failover then would lose the batch Spark committed. So it writes
+    ``applied:{worker}`` again (the same value), and its WAIT waits for both."""
+    first = batch(0, 3, {(0, b"a"): 2})
+    assert store.apply(first, n_sources=1) is True
+    database = redis.connection_pool.connection_kwargs.get("db", 0)
+    before = redis.config_get("notify-keyspace-events")["notify-keyspace-events"]
+    events = redis.pubsub()
+    redis.config_set("notify-keyspace-events", "K$")
+    try:
+        events.subscribe(f"__keyspace@{database}__:{store.keys.applied(0)}")
+        assert events.get_message(timeout=5)["type"] == "subscribe"
+        assert store.apply(first, n_sources=1) is False
+        written = events.get_message(timeout=5)
+    finally:
+        events.close()
+        redis.config_set("notify-keyspace-events", before)
+    assert written is not None and written["data"] == b"set", written
+    assert store.partial(0, 0) == {b"a": 2}
+    assert store.applied_batches(1) == [3]
+
+
 def offsets_apply(store: StateStore, first: int, last: int, count: int) -> int:
     """The apply script as a real-time writer runs it: rows at offsets ``first``..``last`` of
     worker 0's partition, ``count`` records of key ``a`` in window 0."""

@@ -99,7 +99,7 @@ def test_a_sentinel_configuration_names_the_primary_replicas_and_other_sentinels
     lines = sentinel.config_path.read_text().splitlines()
     assert "port 36380" in lines and "bind 127.0.0.1" in lines
     assert "sentinel monitor skewer 127.0.0.1 16379 2" in lines
-    assert "sentinel down-after-milliseconds skewer 1000" in lines
+    assert "sentinel down-after-milliseconds skewer 5000" in lines
     known = [line.split()[3:5] for line in lines if line.startswith("sentinel known-")]
     assert known == [
         ["127.0.0.1", "16380"],
