@@ -139,8 +139,8 @@ def transactional_producer_config(
 #: records, librdkafka's 64 MiB queue, 8 MiB per fetch) a consumer that falls behind, as a
 #: grouping source does while a broker is down, holds some 100 MiB more until the backlog is
 #: read, which the process keeps as its high-water mark after (glibc rarely returns freed
-#: heap). These hold it to about 30 MiB and still read over a million records a second, several
-#: times what a source routes (tests/integration/test_consumer_prefetch.py).
+#: heap). These hold it to about 30 MiB, still two and a half of a source's batches ahead
+#: (tests/integration/test_consumer_prefetch.py).
 PREFETCH: dict[str, int] = {
     "queued.min.messages": 50_000,
     "queued.max.messages.kbytes": 8 << 10,
@@ -159,8 +159,6 @@ def consumer_config(bootstrap: str, group_id: str, **overrides: Any) -> dict[str
         "isolation.level": "read_committed",
         "enable.partition.eof": False,
         "fetch.wait.max.ms": 50,
-        # What librdkafka prefetches over a backlog, bounded (PREFETCH): two and a half of the
-        # grouping stage's batches, and fetches small enough not to overshoot that.
         **PREFETCH,
         # librdkafka pauses fetching this long once its local queue is full (default 1 s):
         # with batch consumption that is a stall every time the queue refills.

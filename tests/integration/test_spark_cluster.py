@@ -32,7 +32,6 @@ from live_runs import (
     run_of,
     two_runs_at_the_fault_moment,
     wait_for,
-    wait_until_each_produces,
 )
 
 from pipeline.cli import app
@@ -169,14 +168,13 @@ def test_a_stopped_executors_tasks_are_copied_to_the_other_worker_and_the_run_st
     the records processed, with 20 s of the paced stream left. Expected: each task stuck on it
     gets a speculative copy on the executor of the other worker (a host of its own), so the
     micro-batches go on while it is stopped, and the run applies at least half of what is
-    produced meanwhile (without the copies, every batch would wait for it: none; with them but
-    Spark's 3 s locality wait, every batch waited for its cores first: under a third).
+    produced meanwhile (without the copies every batch would wait for it; with Spark's default
+    3 s locality wait, each batch would first wait that long for its cores).
     When it resumes, its late attempts apply nothing twice (the apply is idempotent per worker
     and batch). No stage restarts, and every (key, window) count equals the ground truth."""
     plan = fault_plan("pkg", "spark-stall", records=90_000, workers=4, spark_master=whole_cluster)
     with run_of(plan, settings) as pipeline:
         start_together([pipeline])
-        wait_until_each_produces([pipeline])
         wait_for(pipeline, lambda p: p.processed >= plan.records // 5, "a fifth processed")
         victims = spark_standalone.executor_pids(settings, [plan.run_id])
         assert len(victims) == 2, f"two executors expected, found {victims}"
