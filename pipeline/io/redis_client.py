@@ -40,8 +40,13 @@ SENTINEL_URL_FORM = "redis+sentinel://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...]
 
 
 class NoPrimaryError(Exception):
-    """Sentinels answer, but none names a primary that is up for the service (a wrong service
-    name, say): a setting to fix, not a service to wait for. The message is one line."""
+    """Sentinels answer, but none names a primary that is up for the service: a failover in
+    progress, or (:class:`UnknownServiceError`) a wrong service name. The message is one line."""
+
+
+class UnknownServiceError(NoPrimaryError):
+    """Sentinels answer, but none monitors the service: a setting to fix, not a failover to
+    wait for."""
 
 
 class NoSentinelAnswersError(Exception):
@@ -164,8 +169,9 @@ def client_from_url(url: str, *, sentinel_timeout: float = 5.0, **kwargs: Any) -
 def require_primary(url: str, timeout: float = 5.0) -> tuple[str, int]:
     """The (host, port) of the primary the sentinels of ``url`` name now.
 
-    Raises :class:`NoSentinelAnswersError` when no sentinel answers and :class:`NoPrimaryError`
-    when some answer but none names a primary that is up for the service. ``url`` must be a
+    Raises :class:`NoSentinelAnswersError` when no sentinel answers, :class:`UnknownServiceError`
+    when some answer but none monitors the service, and :class:`NoPrimaryError` when they
+    monitor it but name no primary that is up (a failover in progress). ``url`` must be a
     ``redis+sentinel://`` URL.
     """
     from redis.exceptions import RedisError
@@ -177,19 +183,26 @@ def require_primary(url: str, timeout: float = 5.0) -> tuple[str, int]:
     manager = address.manager(timeout)
     try:
         answering = 0
+        monitoring = 0
         for sentinel in manager.sentinels:
             try:
                 answering += bool(sentinel.ping())
-            except RedisError:
+                monitoring += bool(sentinel.sentinel_master(address.service))
+            except RedisError:  # down, or "No such master with that name"
                 continue
         if not answering:
             raise NoSentinelAnswersError(f"no Redis Sentinel answers at {address.hosts}")
+        if not monitoring:
+            raise UnknownServiceError(
+                f"the Redis Sentinels at {address.hosts} name no primary for service "
+                f"{address.service!r} (check the service name of {redacted_url(url)})"
+            )
         try:
             host, port = manager.discover_master(address.service)
         except MasterNotFoundError:
             raise NoPrimaryError(
-                f"the Redis Sentinels at {address.hosts} name no primary for service "
-                f"{address.service!r} (check the service name of {redacted_url(url)})"
+                f"the Redis Sentinels at {address.hosts} name no primary that is up for "
+                f"service {address.service!r}"
             ) from None
         return str(host), int(port)
     finally:
@@ -253,13 +266,23 @@ def _reloaded_script_class() -> type:
     return ReloadedScript
 
 
-def connect_redis(url: str, timeout: float = 5.0) -> redis.Redis:
-    """A Redis client of ``url`` (also ``redis+sentinel://``)
-    that answered PING (:class:`ServiceUnavailableError` otherwise, at once) and from then on
-    rides out a Redis restart or a Sentinel failover (:func:`retry_through_restarts`).
+#: How long a stage that starts behind Sentinel waits for a failover in progress: about as long
+#: as a running stage's client rides one out (:data:`REDIS_RETRIES`).
+FAILOVER_WAIT_SECONDS = 30.0
 
-    A malformed URL, and sentinels that answer but name no primary for the service (a wrong
-    service name), are settings to fix: :class:`KafkaIOError`, exit 2, one line.
+
+def connect_redis(
+    url: str, timeout: float = 5.0, failover_wait: float = FAILOVER_WAIT_SECONDS
+) -> redis.Redis:
+    """A Redis client of ``url`` (also ``redis+sentinel://``)
+    that answered PING and from then on rides out a Redis restart or a Sentinel failover
+    (:func:`retry_through_restarts`).
+
+    A Redis that does not answer is :class:`ServiceUnavailableError` at once, as are sentinels
+    of which none answers. Sentinels that monitor the service but name no primary that answers
+    are a failover in progress: wait for it, ``failover_wait`` seconds at most. A malformed URL,
+    and sentinels that answer but do not monitor the service (a wrong service name), are
+    settings to fix: :class:`KafkaIOError`, exit 2, one line.
     """
     import redis as redis_module
     from redis.backoff import NoBackoff
@@ -267,45 +290,59 @@ def connect_redis(url: str, timeout: float = 5.0) -> redis.Redis:
 
     try:
         sentinel = sentinel_address(url)
-        client = client_from_url(
-            url,
-            sentinel_timeout=timeout,
-            socket_timeout=30.0,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 0),
-        )
     except ValueError as error:
         raise KafkaIOError(f"{ENV_REDIS_URL}: {error}") from None
-    try:
-        client.ping()
-    except redis_module.AuthenticationError as error:
-        client.close()
-        raise ServiceUnavailableError(
-            f"redis at {redacted_url(url)} refused the credentials: {error}"
-        ) from None
-    except redis_module.RedisError as error:
-        client.close()
-        if sentinel is not None:
-            _explain_sentinel_failure(url, timeout)
-        if url.startswith("rediss://"):  # over TLS: the reason (a certificate not trusted ...)
-            reason = " ".join(str(error).split())
+    deadline = time.monotonic() + failover_wait
+    while True:
+        try:
+            client = client_from_url(
+                url,
+                sentinel_timeout=timeout,
+                socket_timeout=30.0,
+                socket_connect_timeout=timeout,
+                retry=Retry(NoBackoff(), 0),
+            )
+        except ValueError as error:
+            raise KafkaIOError(f"{ENV_REDIS_URL}: {error}") from None
+        try:
+            client.ping()
+            return retry_through_restarts(client)
+        except redis_module.AuthenticationError as error:
+            client.close()
             raise ServiceUnavailableError(
-                f"redis does not answer at {redacted_url(url)} over TLS: {reason}"
+                f"redis at {redacted_url(url)} refused the credentials: {error}"
             ) from None
-        raise ServiceUnavailableError(
-            f"redis does not answer at {redacted_url(url)} (start it: skewer services up)"
-        ) from None
-    return retry_through_restarts(client)
+        except redis_module.RedisError as error:
+            client.close()
+            if sentinel is None:
+                if url.startswith("rediss://"):  # over TLS: the reason (a certificate ...)
+                    reason = " ".join(str(error).split())
+                    raise ServiceUnavailableError(
+                        f"redis does not answer at {redacted_url(url)} over TLS: {reason}"
+                    ) from None
+                raise ServiceUnavailableError(
+                    f"redis does not answer at {redacted_url(url)} (start it: skewer services up)"
+                ) from None
+        _explain_sentinel_failure(url, timeout)
+        if time.monotonic() >= deadline:
+            raise ServiceUnavailableError(
+                f"the Redis Sentinels at {sentinel.hosts} named no primary that answers for "
+                f"service {sentinel.service!r} within {failover_wait:.0f} s"
+            )
+        time.sleep(0.5)
 
 
 def _explain_sentinel_failure(url: str, timeout: float) -> None:
-    """Raise the one-line reason a Sentinel URL gave no primary: no sentinel answers
-    (:class:`ServiceUnavailableError`) or none names a primary (:class:`KafkaIOError`)."""
+    """Raise the one-line reason a Sentinel URL gave no primary that answers when it is not a
+    failover to wait for: no sentinel answers (:class:`ServiceUnavailableError`) or none
+    monitors the service (:class:`KafkaIOError`)."""
     try:
         require_primary(url, timeout)
     except NoSentinelAnswersError as error:
         raise ServiceUnavailableError(
             f"{error} (start them: skewer services up --redis-sentinel)"
         ) from None
-    except NoPrimaryError as error:
+    except UnknownServiceError as error:
         raise KafkaIOError(str(error)) from None
+    except NoPrimaryError:  # a failover in progress
+        return

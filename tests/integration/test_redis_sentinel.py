@@ -1,5 +1,6 @@
-"""Redis failover with Sentinel: a kill -9 of the primary loses no count,
-and a Sentinel that names no primary is refused at start.
+"""Redis failover with Sentinel: a kill -9 of the primary loses no count, a stage that starts
+during a failover waits for it, and sentinels that do not monitor the service are refused at
+start.
 
 Each test runs a Sentinel set of its own (``skewer services up --redis-sentinel``, through
 :func:`pipeline.services.manager.up`: the primary, 2 replicas and 3 sentinels on free ports,
@@ -29,6 +30,7 @@ from live_runs import (
 
 from pipeline.cli import app
 from pipeline.io import config, kafka_io, redis_client
+from pipeline.io.errors import ServiceUnavailableError
 from pipeline.runs.plan import RunPlan, new_run_id
 from pipeline.services import manager, process, redis_sentinel
 
@@ -116,6 +118,35 @@ def test_a_sentinel_that_names_no_primary_is_refused_with_exit_2(
     plan = RunPlan(scheme="pkg", records=1000, run_id=run_id)
     for topic in plan.topics:
         assert kafka_io.topic_partitions(settings.kafka_bootstrap, topic) is None, topic
+
+
+def test_a_stage_that_starts_during_a_failover_waits_for_it(
+    sentinel_set: config.Settings,
+) -> None:
+    """What is killed: the Redis primary, with SIGKILL, and a stage's Redis client is made at
+    once, as when a stage killed a moment before restarts: the sentinels still name the dead
+    primary, then none until they promote a replica. Expected: the client waits for the
+    failover and answers from the promoted replica, instead of the stage exiting (a named
+    primary refusing, then sentinels naming none, had it exit 1, then 2 with "check the service
+    name"). With every Redis of the set killed no failover comes: one line after the wait."""
+    url = sentinel_set.redis_sentinel_url
+    killed = kill_primary(sentinel_set)
+    client = redis_client.connect_redis(url)
+    assert client.ping()
+    _, promoted = client.connection_pool.get_master_address()
+    assert promoted != killed
+    client.close()
+
+    for service in manager.native_services(sentinel_set, SET):
+        record = process.read_pid_file(service.pid_path)
+        if not service.name.startswith("redis-sentinel") and record is not None:
+            process.kill(record)
+    started = time.monotonic()
+    with pytest.raises(ServiceUnavailableError) as refused:
+        redis_client.connect_redis(url, failover_wait=3.0)
+    assert time.monotonic() - started >= 3.0
+    assert "named no primary that answers for service 'skewer' within 3 s" in str(refused.value)
+    assert "\n" not in str(refused.value)
 
 
 def test_kill_9_of_the_primary_under_two_runs_fails_over_and_keeps_both_exact(
