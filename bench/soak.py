@@ -35,6 +35,11 @@ KEEP_RESULTS_SECONDS = 10
 #: Records of the saturating run that measures the cluster's capacity: enough that its
 #: start-up is a small part of its time.
 CAPACITY_RECORDS = 1_000_000
+#: Bytes of the Kafka nodes' logs per record a run plans: its keys and work topics (the grouping
+#: stage's transactions included) on three replicas, kept until the run is checked.
+KAFKA_BYTES_PER_RECORD = 260
+#: Free disk the soak asks for beyond its estimate of the Kafka logs.
+DISK_MARGIN = 1.25
 
 
 class SoakError(Exception):
@@ -61,6 +66,27 @@ def require_cluster(settings: Any) -> None:
     alive = [w for w in (status or {}).get("workers", []) if w.get("state") == "ALIVE"]
     if len(alive) < 2:
         raise SoakError(f"the soak runs on a Spark master with two workers (start them: {wanted})")
+
+
+def require_disk(settings: Any, records: int) -> None:
+    """SoakError unless the disk of the Kafka nodes' logs has room for ``records`` (every run's
+    planned records together, :data:`KAFKA_BYTES_PER_RECORD` each, with :data:`DISK_MARGIN`): a
+    full disk would stop every node at once, in the middle of the hour."""
+    import shutil
+
+    from pipeline.services.kafka_broker import KafkaNodeService
+
+    directory = KafkaNodeService(settings, 1).data_dir
+    while not directory.exists():
+        directory = directory.parent
+    need = records * KAFKA_BYTES_PER_RECORD * DISK_MARGIN
+    free = shutil.disk_usage(directory).free
+    if free < need:
+        raise SoakError(
+            f"the soak's Kafka logs need about {need / 1e9:.1f} GB ({records:,} records, "
+            f"{KAFKA_BYTES_PER_RECORD} bytes each on 3 replicas, x{DISK_MARGIN}) and "
+            f"{directory} has {free / 1e9:.1f} GB free: free space, or lower --minutes or --load"
+        )
 
 
 def plan_of(settings: Any, scheme: str, rate: float, seconds: float, seed: int) -> Any:
@@ -140,6 +166,7 @@ def run(
         capacity = measure_capacity(settings, log)
         rate = load * capacity / len(SCHEMES)
     plans = [plan_of(settings, scheme, rate, seconds, seed) for scheme in SCHEMES]
+    require_disk(services, sum(p.records for p in plans))
     log(
         f"soak: {minutes:g} min, {', '.join(p.run_id for p in plans)} at {rate:,.0f} records/s "
         f"each, {len(schedule)} faults (seed {seed})"

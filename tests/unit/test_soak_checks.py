@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from pathlib import Path
 
 import pytest
 
-from bench import chaos, soak_checks
+from bench import chaos, soak, soak_checks
 from bench.soak_samples import Sample
+from pipeline.io import config
 from pipeline.runs.plan import RunPlan
 
 PLAN = RunPlan("pkg", 100, workers=2, workload="zipf:z=1,keys=10")
@@ -158,3 +160,15 @@ def test_the_p99_reference_starts_once_the_start_up_backlog_is_applied() -> None
     assert data["p99"][0]["first"] == data["p99"][0]["rest"]
     label = dict(soak_checks.verdicts(data))
     assert any("from 40 s in, the start-up's backlog applied" in check for check in label)
+
+
+def test_a_soak_whose_kafka_logs_the_disk_cannot_hold_is_refused(tmp_path: Path) -> None:
+    """The Kafka logs keep every record until the runs are checked: a soak that would fill the
+    disk stops before it starts, with one line, not with every node at once an hour in."""
+    settings = config.load({config.ENV_RUN_DIR: str(tmp_path / "run")})
+    soak.require_disk(settings, 1_000_000)  # 0.3 GB
+    with pytest.raises(soak.SoakError) as refused:
+        soak.require_disk(settings, 10**15)
+    message = str(refused.value)
+    assert message.startswith("the soak's Kafka logs need about 325000000.0 GB")
+    assert f"{tmp_path} has " in message and "\n" not in message
