@@ -37,7 +37,7 @@ KEEP_RESULTS_SECONDS = 10
 CAPACITY_RECORDS = 1_000_000
 #: Bytes of the Kafka nodes' logs per record a run plans: its keys and work topics (the grouping
 #: stage's transactions included) on three replicas, kept until the run is checked.
-KAFKA_BYTES_PER_RECORD = 260
+KAFKA_BYTES_PER_RECORD = 280
 #: Free disk the soak asks for beyond its estimate of the Kafka logs.
 DISK_MARGIN = 1.25
 

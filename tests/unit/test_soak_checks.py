@@ -170,5 +170,5 @@ def test_a_soak_whose_kafka_logs_the_disk_cannot_hold_is_refused(tmp_path: Path)
     with pytest.raises(soak.SoakError) as refused:
         soak.require_disk(settings, 10**15)
     message = str(refused.value)
-    assert message.startswith("the soak's Kafka logs need about 325000000.0 GB")
+    assert message.startswith("the soak's Kafka logs need about 350000000.0 GB")
     assert f"{tmp_path} has " in message and "\n" not in message
