@@ -198,7 +198,6 @@ def run(
             except (KafkaException, RedisError) as error:  # a service down at the end
                 log(f"{pipeline.plan.run_id}: its topics or keys stay: {error}")
             pipeline.close()
-        for pipeline in pipelines:
             log(f"{pipeline.plan.run_id}: stage logs in {pipeline.log_dir}")
     data = results(
         plans=plans,

@@ -290,46 +290,46 @@ def connect_redis(
 
     try:
         sentinel = sentinel_address(url)
+        client = client_from_url(
+            url,
+            sentinel_timeout=timeout,
+            socket_timeout=30.0,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+        )
     except ValueError as error:
         raise KafkaIOError(f"{ENV_REDIS_URL}: {error}") from None
     deadline = time.monotonic() + failover_wait
-    while True:
-        try:
-            client = client_from_url(
-                url,
-                sentinel_timeout=timeout,
-                socket_timeout=30.0,
-                socket_connect_timeout=timeout,
-                retry=Retry(NoBackoff(), 0),
-            )
-        except ValueError as error:
-            raise KafkaIOError(f"{ENV_REDIS_URL}: {error}") from None
-        try:
-            client.ping()
-            return retry_through_restarts(client)
-        except redis_module.AuthenticationError as error:
-            client.close()
-            raise ServiceUnavailableError(
-                f"redis at {redacted_url(url)} refused the credentials: {error}"
-            ) from None
-        except redis_module.RedisError as error:
-            client.close()
-            if sentinel is None:
-                if url.startswith("rediss://"):  # over TLS: the reason (a certificate ...)
-                    reason = " ".join(str(error).split())
-                    raise ServiceUnavailableError(
-                        f"redis does not answer at {redacted_url(url)} over TLS: {reason}"
-                    ) from None
+    try:
+        while True:
+            try:
+                client.ping()  # behind Sentinel each connect asks the sentinels again
+                return retry_through_restarts(client)
+            except redis_module.AuthenticationError as error:
                 raise ServiceUnavailableError(
-                    f"redis does not answer at {redacted_url(url)} (start it: skewer services up)"
+                    f"redis at {redacted_url(url)} refused the credentials: {error}"
                 ) from None
-        _explain_sentinel_failure(url, timeout)
-        if time.monotonic() >= deadline:
-            raise ServiceUnavailableError(
-                f"the Redis Sentinels at {sentinel.hosts} named no primary that answers for "
-                f"service {sentinel.service!r} within {failover_wait:.0f} s"
-            )
-        time.sleep(0.5)
+            except redis_module.RedisError as error:
+                if sentinel is None:
+                    if url.startswith("rediss://"):  # over TLS: the reason (a certificate ...)
+                        reason = " ".join(str(error).split())
+                        raise ServiceUnavailableError(
+                            f"redis does not answer at {redacted_url(url)} over TLS: {reason}"
+                        ) from None
+                    raise ServiceUnavailableError(
+                        f"redis does not answer at {redacted_url(url)} (start it: skewer "
+                        "services up)"
+                    ) from None
+            _explain_sentinel_failure(url, timeout)
+            if time.monotonic() >= deadline:
+                raise ServiceUnavailableError(
+                    f"the Redis Sentinels at {sentinel.hosts} named no primary that answers for "
+                    f"service {sentinel.service!r} within {failover_wait:.0f} s"
+                )
+            time.sleep(0.5)
+    except BaseException:
+        client.close()
+        raise
 
 
 def _explain_sentinel_failure(url: str, timeout: float) -> None:
