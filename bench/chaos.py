@@ -308,8 +308,9 @@ class Injector:
         self._kill_service(primary, struck, until_failover, redis_sentinel_set=True)
 
     def _group_source(self, fault: Fault, struck: Struck) -> None:
-        """kill -9 one source process of a grouping stage: the stage then fails, and is
-        started again with its own arguments (its sources resume at their committed offsets)."""
+        """kill -9 one source process of a grouping stage: the stage starts it again
+        (:func:`pipeline.stages.grouping.run_sources`), and it resumes at its committed offset.
+        A stage that fails instead is started again with its own arguments."""
         run = fault.pick % len(self.pipelines)
         pipeline = self.pipelines[run]
         stage = pipeline.stages["group"]
@@ -326,8 +327,12 @@ class Injector:
             self._killed(struck, f"group source {victim} of {pipeline.plan.run_id}")
             deadline = time.monotonic() + 30
             while stage.exit_code() is None and time.monotonic() < deadline:
+                now = _children(stage.process.pid, b"spawn_main")
+                if len(now) == len(sources) and victim not in now:
+                    self._restarted(struck)  # by its stage
+                    return
                 time.sleep(0.1)
-            if stage.exit_code() is None:  # it did not notice: stop it the hard way
+            if stage.exit_code() is None:  # it neither restarted the source nor failed
                 pipeline.kill("group")
             time.sleep(DOWN_SECONDS)
             self._start_stage(run, "group")

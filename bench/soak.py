@@ -32,6 +32,12 @@ WORKLOAD = (
 #: Seconds a final window's result stays in Redis once checked against the truth: an hour of
 #: windows' results would otherwise grow Redis all along (``skewer aggregate --keep-results``).
 KEEP_RESULTS_SECONDS = 10
+#: A micro-batch holds at most this many seconds of a run's rate (Spark's
+#: ``maxOffsetsPerTrigger``), as a deployment that must catch up after an outage sets it:
+#: without it the first batch after a fault takes the whole backlog, and one slow task of it
+#: (an executor's first, while its JVM and Python start) holds the run until it ends, where
+#: speculation copies a slow task of a small batch within seconds.
+BATCH_SECONDS = 5
 #: Records of the saturating run that measures the cluster's capacity: enough that its
 #: start-up is a small part of its time.
 CAPACITY_RECORDS = 1_000_000
@@ -106,6 +112,7 @@ def plan_of(settings: Any, scheme: str, rate: float, seconds: float, seed: int) 
         window_ms=WINDOW_MS,
         spark_master=settings.spark_standalone_url,
         keep_results_s=KEEP_RESULTS_SECONDS,
+        max_records_per_batch=max(1, int(rate * BATCH_SECONDS)),
     )
 
 

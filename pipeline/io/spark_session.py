@@ -166,9 +166,12 @@ def build_spark_session(
     extra_conf: dict[str, str] | None = None,
     jit: str = "peak",
     extra_jars: Sequence[Path] = (),
+    driver_heap: str | None = None,
 ) -> SparkSession:
     """A SparkSession on ``master`` that can read and write Kafka, its driver JVM compiling as
     ``jit`` says (:data:`JIT_MODES`; on a local master the driver runs the tasks too).
+    ``driver_heap`` (``"1g"``) fixes the driver's heap at that size, touched at start: its
+    memory is then what it will be, and an RSS that grows has a leak to look for.
 
     ``shuffle_partitions`` is small because the default (200) makes every aggregation of a
     small job schedule 200 tasks. The driver binds to 127.0.0.1 like every other service when
@@ -185,6 +188,8 @@ def build_spark_session(
 
     jars = ",".join(str(jar) for jar in [*kafka_source_jars(settings), *extra_jars])
     java_options = driver_java_options(settings or config.load(), jit)
+    if driver_heap is not None:
+        java_options += [f"-Xms{driver_heap}", "-XX:+AlwaysPreTouch"]
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)
@@ -199,6 +204,8 @@ def build_spark_session(
         builder = builder.config("spark.driver.host", "127.0.0.1").config(
             "spark.driver.bindAddress", "127.0.0.1"
         )
+    if driver_heap is not None:
+        builder = builder.config("spark.driver.memory", driver_heap)  # -Xmx, set by Spark
     for key, value in (extra_conf or {}).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()

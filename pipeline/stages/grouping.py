@@ -19,6 +19,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -82,8 +83,11 @@ __all__ = [
 ]
 
 DEFAULT_BATCH_SIZE = 20_000
-#: Times the stage starts one stuck source again before it gives up.
+#: Times the stage starts one source again within :data:`RESTART_WINDOW_SECONDS` before it
+#: gives up (and fails, for its own supervisor): a source that dies over and over has a cause
+#: a restart does not cure.
 MAX_SOURCE_RESTARTS = 3
+RESTART_WINDOW_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -135,9 +139,8 @@ class SourceSummary:
     batches: int = 0
     seconds: float = 0.0
     ended: bool = False
-    #: Times the stage started this source's process again
-    #: (:class:`~pipeline.stages.source_checkpoint.StuckCallWatchdog`); the
-    #: counts above are then the last process's.
+    #: Times the stage started this source's process again (:func:`run_sources`: it was
+    #: killed, or ended stuck); the counts above are then the last process's.
     restarts: int = 0
 
     def as_dict(self) -> dict[str, Any]:
@@ -423,14 +426,30 @@ def _stop_flag() -> Callable[[], bool]:
     return lambda: state["stop"]
 
 
+def restartable(exitcode: int | None) -> bool:
+    """A source process that ended this way is started again by its stage: killed by a signal
+    (``kill -9``, the OOM killer) or ended stuck (:data:`EXIT_STUCK`). Either way its Kafka
+    transaction is open on the broker: the new process's producer fences and aborts it, and its
+    consumer resumes at the committed offset. A source that fails with an error is not."""
+    return exitcode is not None and (exitcode < 0 or exitcode == EXIT_STUCK)
+
+
 def run_sources(config: StageConfig, sources: Sequence[int]) -> list[SourceSummary]:
     """Run ``sources``: one in this process, several as one child process each.
 
-    SIGTERM or SIGINT stops every source after its current batch. Raises :class:`StageError`
-    naming the first source that failed (the others are then stopped).
+    A child that is killed or ends stuck is started again (:func:`restartable`), up to
+    :data:`MAX_SOURCE_RESTARTS` times within :data:`RESTART_WINDOW_SECONDS`. SIGTERM or
+    SIGINT stops every source after its current batch. Raises :class:`StageError` naming the
+    first source that failed (the others are then stopped).
     """
     if len(sources) == 1:
         return [run_source(config, sources[0], _stop_flag())]
+    # librdkafka fetches and delivers in one thread per broker, and glibc gives threads arenas
+    # of their own (up to 8 per core), each of which keeps the high-water mark of the prefetch
+    # it once held: a source's memory stepped up by about one prefetch after each of its first
+    # catch-ups (an outage's backlog), one arena at a time. Two arenas bound that to one step
+    # beyond the first. The children inherit the variable (an explicit setting wins).
+    os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
 
@@ -448,7 +467,7 @@ def run_sources(config: StageConfig, sources: Sequence[int]) -> list[SourceSumma
     forwarded_stop = False
     summaries: dict[int, SourceSummary] = {}
     silent_deaths: dict[int, int] = {}
-    restarts: dict[int, int] = {}
+    restarted_at: dict[int, list[float]] = {s: [] for s in sources}
     failure: str | None = None
     try:
         while len(summaries) < len(children) and failure is None:
@@ -461,15 +480,25 @@ def run_sources(config: StageConfig, sources: Sequence[int]) -> list[SourceSumma
                 source, summary, error = results.get(timeout=0.5)
             except queue.Empty:
                 for s, child in list(children.items()):
-                    stuck = child.exitcode == EXIT_STUCK and not forwarded_stop
-                    if s not in summaries and stuck and restarts.get(s, 0) < MAX_SOURCE_RESTARTS:
-                        # Its transaction is open on the broker: the new process's producer
-                        # fences it and aborts it, and its consumer resumes at the committed
-                        # offset (the recovery of a kill -9).
-                        restarts[s] = restarts.get(s, 0) + 1
+                    if s in summaries:
+                        continue
+                    now = time.monotonic()
+                    recent = [t for t in restarted_at[s] if now - t < RESTART_WINDOW_SECONDS]
+                    if (
+                        restartable(child.exitcode)
+                        and not forwarded_stop
+                        and len(recent) < MAX_SOURCE_RESTARTS
+                    ):
+                        print(
+                            f"skewer group: source {s} ended with code {child.exitcode}; "
+                            "starting it again from its committed offset",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        restarted_at[s].append(now)
                         children[s] = started(s)
                         continue
-                    if s not in summaries and not child.is_alive():
+                    if not child.is_alive():
                         # A child puts its result before it exits; allow the queue a moment.
                         silent_deaths[s] = silent_deaths.get(s, 0) + 1
                         if silent_deaths[s] >= 3:
@@ -479,7 +508,7 @@ def run_sources(config: StageConfig, sources: Sequence[int]) -> list[SourceSumma
                 failure = f"source {source}: {error}"
             else:
                 summaries[source] = SourceSummary(
-                    **{**summary, "restarts": restarts.get(source, 0)}
+                    **{**summary, "restarts": len(restarted_at[source])}
                 )
     finally:
         for child in children.values():

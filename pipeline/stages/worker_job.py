@@ -421,8 +421,9 @@ def run(
     return summary
 
 
-#: Heap of each executor on a standalone cluster (Spark's default size, fixed).
-EXECUTOR_MEMORY = "1g"
+#: Heap of the driver and of each executor on a standalone cluster: Spark's default size,
+#: fixed and touched at start.
+CLUSTER_JVM_HEAP = "1g"
 #: Speculative copies of a micro-batch's slow tasks, on a cluster. A micro-batch ends with its
 #: slowest task, and an executor that stalls (a replacement's first tasks while its JVM and
 #: Python daemon start on a busy machine, a long pause, a slow node) held every batch for as
@@ -453,7 +454,7 @@ def job_session(options: WorkOptions) -> SparkSession:
     On a standalone master the job asks for exactly those cores (``spark.cores.max``): an
     application without it takes every core of the cluster, although a micro-batch never
     runs more than its tasks at once, and other jobs (another run's workers) would wait. Its
-    executors there have a fixed heap of :data:`EXECUTOR_MEMORY`."""
+    executors and its driver there have a fixed heap of :data:`CLUSTER_JVM_HEAP`."""
     from pipeline.io.artifacts import ArtifactError, ensure_realtime_writer
     from pipeline.io.spark_session import (
         SparkClusterError,
@@ -470,8 +471,8 @@ def job_session(options: WorkOptions) -> SparkSession:
             "spark.cores.max": str(options.task_count),
             # A fixed heap, touched at start: an executor's memory is what it will be, and
             # one whose RSS grows has a leak to look for (its off-heap part).
-            "spark.executor.memory": EXECUTOR_MEMORY,
-            "spark.executor.extraJavaOptions": f"-Xms{EXECUTOR_MEMORY} -XX:+AlwaysPreTouch",
+            "spark.executor.memory": CLUSTER_JVM_HEAP,
+            "spark.executor.extraJavaOptions": f"-Xms{CLUSTER_JVM_HEAP} -XX:+AlwaysPreTouch",
         }
         if master.startswith("spark://")
         else {}
@@ -491,6 +492,7 @@ def job_session(options: WorkOptions) -> SparkSession:
         extra_conf={**standalone, **daemon, **speculation},
         jit=options.jit,
         extra_jars=writer_jars,
+        driver_heap=CLUSTER_JVM_HEAP if standalone else None,
     )
     try:
         require_executor_cores(spark, options.task_count)

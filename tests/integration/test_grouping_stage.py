@@ -197,7 +197,16 @@ def test_kill_9_mid_run_then_restart_is_exactly_once(
     assert second.returncode == 0, second.stderr
     assert json.loads(second.stdout)["ended"] is True
 
-    stored, decoded = read_work(kafka, run_names)
+    aborted = assert_grouped_exactly_once(kafka, redis, run_names, records, workers, sources)
+    print(f"killed at {at_kill} counted; {aborted} aborted DATA records skipped downstream")
+
+
+def assert_grouped_exactly_once(
+    kafka: str, redis: object, names: kafka_io.RunNames, records: int, workers: int, sources: int
+) -> int:
+    """Every record of a stage's input in ``work`` once, the markers sound, the stage's counters
+    exact; returns how many DATA records aborted transactions left (read_committed skips them)."""
+    stored, decoded = read_work(kafka, names)
     is_data = decoded["kind"] == Kind.DATA
     index = decoded["seq"][is_data].astype(np.int64) * sources + decoded["producer"][is_data]
     counts = Counter(index.tolist())
@@ -205,14 +214,56 @@ def test_kill_9_mid_run_then_restart_is_exactly_once(
     assert set(counts) == set(range(records))
     assert_markers_keep_their_promise(stored, decoded, workers, sources)
     # the counters are exact too: each input record counted once across the crash
+    stats = [RunKeys(names.run_id).source_stats(s) for s in range(sources)]
     per_source = [int(redis.hget(k, "records")) for k in stats]  # type: ignore[attr-defined]
-    assert per_source == [100_000 + 5, 100_000 + 5]  # DATA + 4 window watermarks + EOS
-    routed = redis.hgetall(RunKeys(run_names.run_id).stats("routed"))  # type: ignore[attr-defined]
+    assert per_source == [records // sources + 5] * sources  # DATA + 4 window marks + EOS
+    routed = redis.hgetall(RunKeys(names.run_id).stats("routed"))  # type: ignore[attr-defined]
     assert sum(int(v) for v in routed.values()) == records
-    uncommitted = kafka_io.read_topic(kafka, run_names.work_topic, read_committed=False)
+    uncommitted = kafka_io.read_topic(kafka, names.work_topic, read_committed=False)
     raw, _ = decode_work([r.value for r in uncommitted])
-    aborted = int(np.sum(raw["kind"] == Kind.DATA)) - records
-    print(f"killed at {at_kill} counted; {aborted} aborted DATA records skipped downstream")
+    return int(np.sum(raw["kind"] == Kind.DATA)) - records
+
+
+def test_a_killed_source_is_started_again_by_its_stage(
+    kafka: str, redis: object, redis_url: str, run_names: kafka_io.RunNames
+) -> None:
+    """kill -9 of one source process, not of the stage: the stage starts that source again,
+    which fences its open transaction and resumes at its committed offset, while the other
+    source goes on. The stage ends normally and every record is grouped once."""
+    workers, sources, records = 4, 2, 200_000
+    produce(kafka, redis, run_names, f"zipf:z=1.2,keys=20000,n={records},seed=9", sources)
+    command = [
+        SKEWER, "group", "--scheme", "pkg", "--workers", str(workers),
+        "--sources", str(sources), "--until-end", "--batch-size", "2000", "--json",
+        "--run-id", run_names.run_id, "--topic-prefix", run_names.topic_prefix,
+    ]  # fmt: skip
+    stage = subprocess.Popen(
+        command,
+        env=skewer_env(kafka, redis_url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    stats = RunKeys(run_names.run_id).source_stats(1)
+    deadline = time.monotonic() + 60
+    while int(redis.hget(stats, "records") or 0) < records // sources // 4:  # type: ignore[attr-defined]
+        assert stage.poll() is None, stage.stderr.read()  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "the stage made no progress"
+        time.sleep(0.02)
+    time.sleep(0.008)  # most likely mid-transaction (see the test above)
+    sources_now = [
+        pid
+        for pid in source_children(stage.pid)
+        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert len(sources_now) == sources
+    os.kill(sources_now[1], signal.SIGKILL)  # whichever source it runs
+
+    out, err = stage.communicate(timeout=120)
+    assert stage.returncode == 0, err
+    assert json.loads(out)["source_restarts"] == 1
+    assert "ended with code -9; starting it again" in err
+    assert_grouped_exactly_once(kafka, redis, run_names, records, workers, sources)
 
 
 def test_bad_input_goes_to_dead_letters_and_valid_records_flow(
