@@ -84,8 +84,7 @@ __all__ = [
 
 DEFAULT_BATCH_SIZE = 20_000
 #: Times the stage starts one source again within :data:`RESTART_WINDOW_SECONDS` before it
-#: gives up (and fails, for its own supervisor): a source that dies over and over has a cause
-#: a restart does not cure.
+#: gives up and fails, for its own supervisor (:class:`RestartBudget`).
 MAX_SOURCE_RESTARTS = 3
 RESTART_WINDOW_SECONDS = 600.0
 
@@ -426,6 +425,34 @@ def _stop_flag() -> Callable[[], bool]:
     return lambda: state["stop"]
 
 
+@dataclass
+class RestartBudget:
+    """At most ``limit`` restarts of one source within any ``window_s`` seconds: a source
+    that dies over and over has a cause a restart does not cure.
+
+    >>> budget = RestartBudget(limit=2, window_s=60.0)
+    >>> [budget.spend(t) for t in (0.0, 1.0, 2.0, 61.5)]
+    [True, True, False, True]
+    >>> budget.spent
+    3
+    """
+
+    limit: int = 3
+    window_s: float = 600.0
+    times: list[float] = field(default_factory=list)
+
+    def spend(self, now: float) -> bool:
+        """Take one restart at ``now`` (monotonic seconds) if the budget allows it."""
+        if sum(1 for t in self.times if now - t < self.window_s) >= self.limit:
+            return False
+        self.times.append(now)
+        return True
+
+    @property
+    def spent(self) -> int:
+        return len(self.times)
+
+
 def restartable(exitcode: int | None) -> bool:
     """A source process that ended this way is started again by its stage: killed by a signal
     (``kill -9``, the OOM killer) or ended stuck (:data:`EXIT_STUCK`). Either way its Kafka
@@ -444,12 +471,6 @@ def run_sources(config: StageConfig, sources: Sequence[int]) -> list[SourceSumma
     """
     if len(sources) == 1:
         return [run_source(config, sources[0], _stop_flag())]
-    # librdkafka fetches and delivers in one thread per broker, and glibc gives threads arenas
-    # of their own (up to 8 per core), each of which keeps the high-water mark of the prefetch
-    # it once held: a source's memory stepped up by about one prefetch after each of its first
-    # catch-ups (an outage's backlog), one arena at a time. Two arenas bound that to one step
-    # beyond the first. The children inherit the variable (an explicit setting wins).
-    os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
 
@@ -467,7 +488,7 @@ def run_sources(config: StageConfig, sources: Sequence[int]) -> list[SourceSumma
     forwarded_stop = False
     summaries: dict[int, SourceSummary] = {}
     silent_deaths: dict[int, int] = {}
-    restarted_at: dict[int, list[float]] = {s: [] for s in sources}
+    budgets = {s: RestartBudget(MAX_SOURCE_RESTARTS, RESTART_WINDOW_SECONDS) for s in sources}
     failure: str | None = None
     try:
         while len(summaries) < len(children) and failure is None:
@@ -482,12 +503,10 @@ def run_sources(config: StageConfig, sources: Sequence[int]) -> list[SourceSumma
                 for s, child in list(children.items()):
                     if s in summaries:
                         continue
-                    now = time.monotonic()
-                    recent = [t for t in restarted_at[s] if now - t < RESTART_WINDOW_SECONDS]
                     if (
                         restartable(child.exitcode)
                         and not forwarded_stop
-                        and len(recent) < MAX_SOURCE_RESTARTS
+                        and budgets[s].spend(time.monotonic())
                     ):
                         print(
                             f"skewer group: source {s} ended with code {child.exitcode}; "
@@ -495,7 +514,6 @@ def run_sources(config: StageConfig, sources: Sequence[int]) -> list[SourceSumma
                             file=sys.stderr,
                             flush=True,
                         )
-                        restarted_at[s].append(now)
                         children[s] = started(s)
                         continue
                     if not child.is_alive():
@@ -507,9 +525,7 @@ def run_sources(config: StageConfig, sources: Sequence[int]) -> list[SourceSumma
             if error is not None:
                 failure = f"source {source}: {error}"
             else:
-                summaries[source] = SourceSummary(
-                    **{**summary, "restarts": len(restarted_at[source])}
-                )
+                summaries[source] = SourceSummary(**{**summary, "restarts": budgets[source].spent})
     finally:
         for child in children.values():
             if child.is_alive() and failure is not None:

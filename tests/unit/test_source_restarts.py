@@ -1,0 +1,40 @@
+"""Which source processes a grouping stage starts again, and how often.
+
+Pure logic of :mod:`pipeline.stages.grouping`; the restart itself, on a real broker, is
+``tests/integration/test_grouping_stage.py::test_a_killed_source_is_started_again_by_its_stage``.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from pipeline.stages.grouping import RestartBudget, restartable
+from pipeline.stages.source_checkpoint import EXIT_STUCK
+
+
+@pytest.mark.parametrize(
+    ("exitcode", "again"),
+    [
+        (-signal.SIGKILL, True),  # kill -9, the OOM killer
+        (-signal.SIGSEGV, True),
+        (EXIT_STUCK, True),  # its stuck-call watchdog ended it
+        (None, False),  # still running
+        (0, False),  # done: its summary is on the queue
+        (1, False),  # failed with an error, reported on the queue
+    ],
+)
+def test_a_killed_or_stuck_source_is_started_again_and_a_failed_one_is_not(
+    exitcode: int | None, again: bool
+) -> None:
+    assert restartable(exitcode) is again
+
+
+def test_a_source_that_keeps_dying_exhausts_its_budget_until_the_window_moves_on() -> None:
+    budget = RestartBudget(limit=3, window_s=600.0)
+    assert [budget.spend(t) for t in (0.0, 10.0, 20.0)] == [True, True, True]
+    assert budget.spend(30.0) is False  # a fourth within ten minutes: the stage fails
+    assert budget.spend(599.0) is False
+    assert budget.spend(600.5) is True  # the first has left the window
+    assert budget.spent == 4
