@@ -471,6 +471,12 @@ def run_sources(config: StageConfig, sources: Sequence[int]) -> list[SourceSumma
     """
     if len(sources) == 1:
         return [run_source(config, sources[0], _stop_flag())]
+    # glibc gives threads arenas of their own (up to 8 per core), each keeping its own
+    # high-water mark, and librdkafka runs a thread per broker. Over an hour with faults a
+    # source's RSS stepped up after its first catch-ups (an outage's backlog) and stayed there;
+    # two arenas shared by all threads bound how many marks it keeps, though the steps remain.
+    # The children inherit the variable (an explicit setting wins).
+    os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
 
