@@ -189,7 +189,7 @@ def build_spark_session(
     jars = ",".join(str(jar) for jar in [*kafka_source_jars(settings), *extra_jars])
     java_options = driver_java_options(settings or config.load(), jit)
     if driver_heap is not None:
-        java_options += [f"-Xms{driver_heap}", "-XX:+AlwaysPreTouch"]
+        java_options += fixed_heap_options(driver_heap)
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)
@@ -211,6 +211,16 @@ def build_spark_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def fixed_heap_options(heap: str) -> list[str]:
+    """A JVM's options that take its whole heap of ``heap`` at start and touch it; its ``-Xmx``
+    is Spark's own setting (``spark.driver.memory``, ``spark.executor.memory``).
+
+    >>> fixed_heap_options("1g")
+    ['-Xms1g', '-XX:+AlwaysPreTouch']
+    """
+    return [f"-Xms{heap}", "-XX:+AlwaysPreTouch"]
 
 
 def driver_java_options(settings: config.Settings, jit: str = "peak") -> list[str]:

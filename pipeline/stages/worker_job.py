@@ -459,6 +459,7 @@ def job_session(options: WorkOptions) -> SparkSession:
     from pipeline.io.spark_session import (
         SparkClusterError,
         build_spark_session,
+        fixed_heap_options,
         require_executor_cores,
     )
 
@@ -472,7 +473,7 @@ def job_session(options: WorkOptions) -> SparkSession:
             # A fixed heap, touched at start: an executor's memory is what it will be, and
             # one whose RSS grows has a leak to look for (its off-heap part).
             "spark.executor.memory": CLUSTER_JVM_HEAP,
-            "spark.executor.extraJavaOptions": f"-Xms{CLUSTER_JVM_HEAP} -XX:+AlwaysPreTouch",
+            "spark.executor.extraJavaOptions": " ".join(fixed_heap_options(CLUSTER_JVM_HEAP)),
         }
         if master.startswith("spark://")
         else {}
