@@ -215,7 +215,8 @@ def build_spark_session(
 
 def fixed_heap_options(heap: str) -> list[str]:
     """A JVM's options that take its whole heap of ``heap`` at start and touch it; its ``-Xmx``
-    is Spark's own setting (``spark.driver.memory``, ``spark.executor.memory``).
+    is Spark's own setting (``spark.driver.memory``, ``spark.executor.memory``,
+    ``SPARK_DAEMON_MEMORY``).
 
     >>> fixed_heap_options("1g")
     ['-Xms1g', '-XX:+AlwaysPreTouch']

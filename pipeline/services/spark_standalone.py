@@ -9,7 +9,8 @@ M of memory to executors. Everything binds to a loopback address (``SPARK_LOCAL_
 it the UI listens on every interface and Spark advertises the machine's external address):
 the master to 127.0.0.1, worker i and its executors to 127.0.0.i (:func:`worker_host`), and a
 worker deletes the folders of finished applications (``spark.worker.cleanup.enabled``: every
-executor fetches the driver's jars into one). The master is healthy when its UI says ALIVE; a
+executor fetches the driver's jars into one). The master and the workers have a fixed heap of
+:data:`DAEMON_HEAP`, touched at start. The master is healthy when its UI says ALIVE; a
 worker when its own UI answers and the master lists it ALIVE.
 
 Example (no process is started):
@@ -20,6 +21,8 @@ Example (no process is started):
     ('spark-worker-2', 'http://127.0.0.2:17080')
     >>> worker.command()[1:4]
     ['org.apache.spark.deploy.worker.Worker', 'spark://127.0.0.1:17077', '--host']
+    >>> worker.environment()["SPARK_DAEMON_MEMORY"], worker.environment()["SPARK_DAEMON_JAVA_OPTS"]
+    ('512m', '-Xms512m -XX:+AlwaysPreTouch')
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 
 from pipeline.io.config import Settings
 from pipeline.io.probes import spark_status
+from pipeline.io.spark_session import fixed_heap_options
 from pipeline.services.native import NativeService, ServiceError
 
 #: What one worker offers by default: the cores of the demo's W = 8 over two workers, and
@@ -37,6 +41,10 @@ from pipeline.services.native import NativeService, ServiceError
 #: workers), so that two runs, each asking for its tasks' cores only, can share a worker.
 DEFAULT_WORKER_CORES = 4
 DEFAULT_WORKER_MEMORY = "2g"
+#: The master's and each worker's own heap (``SPARK_DAEMON_MEMORY``, Spark's default 1 GiB):
+#: they only keep the cluster's bookkeeping. Fixed and touched at start, like the executors',
+#: so a daemon's memory is what it will be and one whose RSS grows has a leak to look for.
+DAEMON_HEAP = "512m"
 MASTER_NAME = "spark-master"
 WORKER_NAME = re.compile(r"^spark-worker-([1-9]\d*)$")
 
@@ -100,6 +108,8 @@ class _SparkDaemon(NativeService):
             "SPARK_LOCAL_IP": self.host,
             "SPARK_LOG_DIR": str(self.data_dir),
             "SPARK_NO_DAEMONIZE": "1",
+            "SPARK_DAEMON_MEMORY": DAEMON_HEAP,
+            "SPARK_DAEMON_JAVA_OPTS": " ".join(fixed_heap_options(DAEMON_HEAP)),
         }
 
     def _spark_class(self, main: str, *arguments: str) -> list[str]:
