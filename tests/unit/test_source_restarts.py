@@ -38,3 +38,25 @@ def test_a_source_that_keeps_dying_exhausts_its_budget_until_the_window_moves_on
     assert budget.spend(599.0) is False
     assert budget.spend(600.5) is True  # the first has left the window
     assert budget.spent == 4
+
+
+def test_a_stuck_source_ends_after_a_working_failover_would_and_well_before_a_run_stalls() -> None:
+    """A source stuck in ``send_offsets_to_transaction`` holds back every ``work`` partition
+    of its run (the workers read committed records only), so its watchdog fires soon after a
+    failover that works would be over on skewer's cluster (the controller fences a dead node
+    after ``broker.session.timeout.ms``, plus a heartbeat), and no later than one on Kafka's
+    defaults would be (15 s): every worker of the run is idle meanwhile."""
+    from pipeline.io import config
+    from pipeline.services.kafka_broker import KafkaNodeService
+    from pipeline.stages.source_checkpoint import STUCK_AFTER_SECONDS
+
+    properties = dict(
+        line.split("=", 1)
+        for line in KafkaNodeService(config.load({}), 1).server_properties().splitlines()
+        if "=" in line and not line.startswith("#")
+    )
+    fenced_after_s = (
+        int(properties["broker.session.timeout.ms"])
+        + int(properties["broker.heartbeat.interval.ms"])
+    ) / 1000
+    assert fenced_after_s < STUCK_AFTER_SECONDS <= 15.0
