@@ -131,7 +131,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     soak.add_argument("--minutes", type=float, default=60.0, help="how long (60)")
     soak.add_argument(
-        "--load", type=float, default=0.5, help="share of pkg's capacity on the cluster (0.5)"
+        "--load", type=float, default=0.5, help="share of the cluster's sustainable rate (0.5)"
     )
     soak.add_argument("--faults", type=int, default=24, help="how many kill -9s (24)")
     soak.add_argument("--seed", type=int, default=1, help="of the fault schedule and stream (1)")

@@ -314,7 +314,7 @@ def markdown(data: dict[str, Any]) -> str:
         f"{', '.join(f'`{s}`' for s in data['schemes'])} on the drifting stream "
         f"`{data['workload']}`, each at {data['rate']:,.0f} records/s"
         + (
-            f" ({data['load']:.0%} of the cluster's measured pkg capacity, "
+            f" ({data['load']:.0%} of the cluster's measured sustainable rate, "
             f"{data['capacity']:,.0f} records/s, shared by the two)"
             if data["capacity"]
             else ""
