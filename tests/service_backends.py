@@ -303,13 +303,22 @@ class NativeBackend:
             manager.release(self.settings, self.leased)
 
 
+def parse_properties(text: str) -> dict[str, str]:
+    r"""A Java properties file's settings, name -> value (one ``name=value`` a line; blank lines
+    and ``#`` comments skipped).
+
+    >>> parse_properties("# a comment\nnode.id=2\n\nlog.dirs=/tmp/a=b")
+    {'node.id': '2', 'log.dirs': '/tmp/a=b'}
+    """
+    return dict(
+        line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#")
+    )
+
+
 def native_kafka_properties() -> dict[str, str]:
     """The native broker's settings, name -> value, as deploy/kafka/server.properties spells
     them (its ``${...}`` fields unfilled)."""
-    template = (config.DEPLOY_DIR / "kafka" / "server.properties").read_text()
-    return dict(
-        line.split("=", 1) for line in template.splitlines() if line and not line.startswith("#")
-    )
+    return parse_properties((config.DEPLOY_DIR / "kafka" / "server.properties").read_text())
 
 
 def kafka_environment(host: str, port: int) -> dict[str, str]:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from service_backends import parse_properties
 
 from pipeline.io import artifacts, config
 from pipeline.services import manager, native, process
@@ -221,10 +222,6 @@ def test_services_spark_workers_is_an_option_of_up_only() -> None:
     assert app.main(["services", "status", "--spark-workers", "2"]) == 2
 
 
-def _properties(text: str) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in text.splitlines() if line and line[0] != "#")
-
-
 def test_the_kafka_cluster_is_three_voters_with_their_own_ports_and_folders(
     tmp_path: Path,
 ) -> None:
@@ -232,7 +229,7 @@ def test_the_kafka_cluster_is_three_voters_with_their_own_ports_and_folders(
     nodes = manager.native_services(settings, ["prometheus", "kafka"], kafka_brokers=3)
     assert [s.name for s in nodes] == ["kafka-1", "kafka-2", "kafka-3", "prometheus"]
     assert [s.address for s in nodes[:3]] == settings.kafka_cluster_bootstrap.split(",")
-    second = _properties(nodes[1].server_properties())
+    second = parse_properties(nodes[1].server_properties())
     assert second["node.id"] == "2"
     assert second["controller.quorum.voters"] == (
         "1@127.0.0.1:19093,2@127.0.0.1:19095,3@127.0.0.1:19097"
@@ -247,7 +244,7 @@ def test_the_kafka_cluster_is_three_voters_with_their_own_ports_and_folders(
         assert second[replicated] == "3"
     assert second["min.insync.replicas"] == second["transaction.state.log.min.isr"] == "2"
     # The one broker: itself its only voter, every topic one replica.
-    single = _properties(manager.native_services(settings, ["kafka"])[0].server_properties())
+    single = parse_properties(manager.native_services(settings, ["kafka"])[0].server_properties())
     assert (single["node.id"], single["controller.quorum.voters"]) == ("1", "1@127.0.0.1:19093")
     assert single["offsets.topic.replication.factor"] == single["min.insync.replicas"] == "1"
     # Once a node has a pid file, "kafka" (and the default list) means the cluster.

@@ -46,15 +46,13 @@ def test_a_stuck_source_ends_after_a_working_failover_would_and_well_before_a_ru
     failover that works would be over on skewer's cluster (the controller fences a dead node
     after ``broker.session.timeout.ms``, plus a heartbeat), and no later than one on Kafka's
     defaults would be (15 s): every worker of the run is idle meanwhile."""
+    from service_backends import parse_properties
+
     from pipeline.io import config
     from pipeline.services.kafka_broker import KafkaNodeService
     from pipeline.stages.source_checkpoint import STUCK_AFTER_SECONDS
 
-    properties = dict(
-        line.split("=", 1)
-        for line in KafkaNodeService(config.load({}), 1).server_properties().splitlines()
-        if "=" in line and not line.startswith("#")
-    )
+    properties = parse_properties(KafkaNodeService(config.load({}), 1).server_properties())
     fenced_after_s = (
         int(properties["broker.session.timeout.ms"])
         + int(properties["broker.heartbeat.interval.ms"])
