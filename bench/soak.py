@@ -129,10 +129,9 @@ def measure_capacity(settings: Any, log: Callable[[str], None]) -> float:
     (:func:`keeps_up`).
 
     The sustainable throughput of "Benchmarking Distributed Stream Data Processing Systems"
-    (Karimov et al., ICDE 2018): a micro-batch pipeline applies a backlog in large
-    batches, and its rate under a saturating offer is far above the rate it keeps up with in
-    batches of a second. A soak paced at half the saturating rate kept the 2-core machine busy
-    nearly all of the time, with little room to catch up after a fault."""
+    (Karimov et al., ICDE 2018): a micro-batch pipeline applies a backlog in large batches, so
+    its rate under a saturating offer is above the rate it keeps up with in batches of a
+    second, and a load measured against it leaves too little room to catch up after a fault."""
     saturating = saturating_rate(settings)
     log(f"capacity: pkg alone on the cluster under a saturating offer, {saturating:,.0f} records/s")
     rate = saturating
