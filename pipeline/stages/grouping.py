@@ -173,8 +173,11 @@ class GroupingSource:
         source: int,
         redis_client: redis.Redis,
         metrics: GroupingMetrics | None = None,
+        restart: int = 0,
     ) -> None:
         self.config = config
+        #: How many times the stage started this source again before this process.
+        self.restart = restart
         self.metrics = metrics
         self.source = int(source)
         self.names = config.names
@@ -215,8 +218,10 @@ class GroupingSource:
         """Fence predecessors, abort their open transaction, resume from the committed offset."""
         # Compile (or load from numba's cache) the scheme's and the input's kernels now, the
         # scheme's on a throwaway object, so the first live batch does not pay for them.
+        began = time.perf_counter()
         create_scheme(self.config, self.source).route(KeyBatch.from_strings(["warm", "up"]))
         self.input.warm_up()
+        warmed = time.perf_counter()
         committed = self.checkpoint.open()
         self.watermark, self.table_version = parse_offset_metadata(committed, self.watermark)
         self.input.start(self.checkpoint.consumer, self.watermark)
@@ -225,7 +230,23 @@ class GroupingSource:
             routed = self.checkpoint.store.source_counts(self.source).get("data", 0)
             self.tables.start(self.table_version, routed)
         self.checkpoint.resume(now_ms())
+        announcing = time.perf_counter()
         self._announce()
+        if self.restart:
+            # The run's workers read committed records only: until this line, its predecessor's
+            # open transaction held back every ``work`` partition.
+            phases = {
+                "compiling": warmed - began,
+                **self.checkpoint.open_seconds,
+                "its first transaction": time.perf_counter() - announcing,
+            }
+            print(
+                f"skewer group: source {self.source} (restart {self.restart}) resumed at offset "
+                f"{self.checkpoint.next_offset} in {time.perf_counter() - began:.1f} s: "
+                + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items()),
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _announce(self) -> None:
         """Commit one transaction of this source's TABLE_SWITCH marker, at the version it
@@ -379,9 +400,13 @@ def prepare(config: StageConfig) -> None:
 
 
 def run_source(
-    config: StageConfig, source: int, should_stop: Callable[[], bool] = lambda: False
+    config: StageConfig,
+    source: int,
+    should_stop: Callable[[], bool] = lambda: False,
+    restart: int = 0,
 ) -> SourceSummary:
-    """Run source ``source`` in this process until stopped (or END_OF_STREAM, ``until_end``)."""
+    """Run source ``source`` in this process until stopped (or END_OF_STREAM, ``until_end``);
+    ``restart``: how many times the stage started it again before."""
     from pipeline.observe.grouping import GroupingMetrics
     from pipeline.observe.series import RunLabels
 
@@ -389,7 +414,7 @@ def run_source(
     try:
         labels = RunLabels(config.names.run_id, config.scheme)
         metrics = GroupingMetrics(labels, source, config.n_workers, reasons=REASONS)
-        return GroupingSource(config, source, client, metrics).run(should_stop)
+        return GroupingSource(config, source, client, metrics, restart).run(should_stop)
     finally:
         client.close()
 
@@ -401,11 +426,11 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _child(config: StageConfig, source: int, results: Any, parent: int) -> None:
+def _child(config: StageConfig, source: int, results: Any, parent: int, restart: int) -> None:
     _die_with_parent(parent)
     stopping = _stop_flag()
     try:
-        summary = run_source(config, source, stopping)
+        summary = run_source(config, source, stopping, restart)
         results.put((source, summary.as_dict(), None))
     except (StageError, kafka_io.KafkaIOError) as error:
         results.put((source, None, str(error)))
@@ -483,18 +508,18 @@ def run_sources(config: StageConfig, sources: Sequence[int]) -> list[SourceSumma
     def started(source: int) -> Any:
         child = context.Process(
             target=_child,
-            args=(config, source, results, os.getpid()),
+            args=(config, source, results, os.getpid(), budgets[source].spent),
             name=f"group-source-{source}",
         )
         child.start()
         return child
 
+    budgets = {s: RestartBudget(MAX_SOURCE_RESTARTS, RESTART_WINDOW_SECONDS) for s in sources}
     children = {s: started(s) for s in sources}
     stop = _stop_flag()
     forwarded_stop = False
     summaries: dict[int, SourceSummary] = {}
     silent_deaths: dict[int, int] = {}
-    budgets = {s: RestartBudget(MAX_SOURCE_RESTARTS, RESTART_WINDOW_SECONDS) for s in sources}
     failure: str | None = None
     try:
         while len(summaries) < len(children) and failure is None:

@@ -171,6 +171,8 @@ class SourceCheckpoint:
     _failed_at: int = field(default=-1, init=False)
     _failures: int = field(default=0, init=False)
     _watchdog: StuckCallWatchdog = field(init=False)
+    #: Seconds :meth:`open` spent fencing predecessors and reading the committed offset.
+    open_seconds: dict[str, float] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self._watchdog = StuckCallWatchdog(f"source {self.source}")
@@ -185,13 +187,19 @@ class SourceCheckpoint:
                 self.bootstrap, self.names.transactional_id(self.source)
             )
         )
+        began = time.perf_counter()
         self._producer.init_transactions(60)
+        fenced = time.perf_counter()
         self.consumer = Consumer(
             kafka_io.consumer_config(self.bootstrap, self.names.consumer_group(self.source))
         )
         committed = kafka_io.committed_offset(
             self.consumer, TopicPartition(self.topic, self.source), timeout=60
         )
+        self.open_seconds = {
+            "fencing its predecessor": fenced - began,
+            "reading its committed offset": time.perf_counter() - fenced,
+        }
         self._start_offset = committed.offset if committed.offset >= 0 else OFFSET_BEGINNING
         self.next_offset = max(committed.offset, 0)
         return committed.metadata

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -264,6 +265,7 @@ def test_a_killed_source_is_started_again_by_its_stage(
     assert stage.returncode == 0, err
     assert json.loads(out)["source_restarts"] == 1
     assert "ended with code -9; starting it again" in err
+    assert re.search(r"source [01] \(restart 1\) resumed at offset \d+ in [\d.]+ s: ", err), err
     assert_grouped_exactly_once(kafka, redis, run_names, records, workers, sources)
 
 
