@@ -233,8 +233,8 @@ class GroupingSource:
         announcing = time.perf_counter()
         self._announce()
         if self.restart:
-            # The run's workers read committed records only: until this line, its predecessor's
-            # open transaction held back every ``work`` partition.
+            # Until the fencing, the predecessor's open transaction held back every ``work``
+            # partition of the run (the workers read committed records only).
             phases = {
                 "compiling": warmed - began,
                 **self.checkpoint.open_seconds,

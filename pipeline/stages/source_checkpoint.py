@@ -35,11 +35,12 @@ MAX_BATCH_ATTEMPTS = 3
 #: librdkafka ignores that call's timeout (confluentinc/librdkafka#5456) and, once the group
 #: coordinator's broker has left the cluster's metadata (killed, then fenced), may never look
 #: for the new one (#5511). A failover that works is over once the controller fences the dead
-#: broker: 6 s on skewer's cluster, about 15 s on Kafka's defaults (a 9 s session timeout and
-#: its heartbeats). Meanwhile the source's open transaction holds back what the workers may
-#: read of every ``work`` partition (they read committed records only), so the whole run
-#: waits on it; a source that restarts needlessly costs a second.
-STUCK_AFTER_SECONDS = 15.0
+#: broker: 7.5 s at most on skewer's cluster (a 6 s session timeout and a heartbeat), about
+#: 15 s on Kafka's defaults, where a source may restart needlessly, which costs it a couple of
+#: seconds. Meanwhile the source's open transaction holds back what the workers may read of
+#: every ``work`` partition (they read committed records only), so the whole run waits on it
+#: and its backlog grows.
+STUCK_AFTER_SECONDS = 10.0
 #: A stuck source's process exit code (EX_TEMPFAIL): the stage starts the source again.
 EXIT_STUCK = 75
 

@@ -42,10 +42,10 @@ def test_a_source_that_keeps_dying_exhausts_its_budget_until_the_window_moves_on
 
 def test_a_stuck_source_ends_after_a_working_failover_would_and_well_before_a_run_stalls() -> None:
     """A source stuck in ``send_offsets_to_transaction`` holds back every ``work`` partition
-    of its run (the workers read committed records only), so its watchdog fires soon after a
-    failover that works would be over on skewer's cluster (the controller fences a dead node
-    after ``broker.session.timeout.ms``, plus a heartbeat), and no later than one on Kafka's
-    defaults would be (15 s): every worker of the run is idle meanwhile."""
+    of its run (the workers read committed records only), so its watchdog fires within a few
+    seconds after a failover that works would be over on skewer's cluster (the controller
+    fences a dead node after ``broker.session.timeout.ms``, plus a heartbeat): every worker of
+    the run is idle meanwhile, and the backlog a stall leaves takes about as long to drain."""
     from service_backends import parse_properties
 
     from pipeline.io import config
@@ -57,4 +57,4 @@ def test_a_stuck_source_ends_after_a_working_failover_would_and_well_before_a_ru
         int(properties["broker.session.timeout.ms"])
         + int(properties["broker.heartbeat.interval.ms"])
     ) / 1000
-    assert fenced_after_s < STUCK_AFTER_SECONDS <= 15.0
+    assert fenced_after_s < STUCK_AFTER_SECONDS <= fenced_after_s + 3
