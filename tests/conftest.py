@@ -20,6 +20,7 @@ start nothing. Tests marked ``native_only(reason)`` skip on the docker backend w
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import uuid
@@ -191,6 +192,21 @@ def settings(
         patch.setenv(config.ENV_REDIS_URL, redis_url)
         patch.delenv("SKEWER_METRICS_PORT", raising=False)
         yield config.load()
+
+
+@pytest.fixture(scope="module")
+def one_cluster_at_a_time(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Hold, for a module's tests, a lock the test processes of one session share: the modules
+    that run clusters of their own, or two runs on one, take some 10 GB each, and two of them
+    side by side on a 24 GB machine left the kernel reclaiming memory, every process stalled
+    for minutes."""
+    lock = tmp_path_factory.getbasetemp().parent / "one-cluster-at-a-time.lock"
+    with lock.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def claim_test_database(claims: redis_module.Redis) -> int:

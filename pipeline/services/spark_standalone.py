@@ -22,7 +22,7 @@ Example (no process is started):
     >>> worker.command()[1:4]
     ['org.apache.spark.deploy.worker.Worker', 'spark://127.0.0.1:17077', '--host']
     >>> worker.environment()["SPARK_DAEMON_MEMORY"], worker.environment()["SPARK_DAEMON_JAVA_OPTS"]
-    ('512m', '-Xms512m -XX:+AlwaysPreTouch')
+    ('256m', '-Xms256m -XX:+AlwaysPreTouch')
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ DEFAULT_WORKER_MEMORY = "2g"
 #: The master's and each worker's own heap (``SPARK_DAEMON_MEMORY``, Spark's default 1 GiB):
 #: they only keep the cluster's bookkeeping. Fixed and touched at start, like the executors',
 #: so a daemon's memory is what it will be and one whose RSS grows has a leak to look for.
-DAEMON_HEAP = "512m"
+DAEMON_HEAP = "256m"
 MASTER_NAME = "spark-master"
 WORKER_NAME = re.compile(r"^spark-worker-([1-9]\d*)$")
 

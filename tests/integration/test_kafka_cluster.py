@@ -42,6 +42,7 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.native_only("runs and kills native Kafka nodes of its own"),
+    pytest.mark.usefixtures("one_cluster_at_a_time"),
 ]
 
 NODES = [node_name(node) for node in range(1, config.KAFKA_CLUSTER_NODES + 1)]

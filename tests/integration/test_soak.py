@@ -31,6 +31,7 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.native_only("runs a Kafka, Spark and Redis Sentinel cluster of its own"),
+    pytest.mark.usefixtures("one_cluster_at_a_time"),
 ]
 
 MINUTES = 5.0

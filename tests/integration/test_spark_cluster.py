@@ -44,6 +44,7 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.native_only("runs and kills a native Spark standalone cluster"),
+    pytest.mark.usefixtures("one_cluster_at_a_time"),
 ]
 
 CLUSTER = ["spark-master", "spark-worker-1", "spark-worker-2"]
