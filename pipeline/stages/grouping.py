@@ -236,7 +236,7 @@ class GroupingSource:
             # Until the fencing, the predecessor's open transaction held back every ``work``
             # partition of the run (the workers read committed records only).
             phases = {
-                "compiling": warmed - began,
+                "loading its kernels": warmed - began,
                 **self.checkpoint.open_seconds,
                 "its first transaction": time.perf_counter() - announcing,
             }
