@@ -235,14 +235,15 @@ class GroupingSource:
         if self.restart:
             # Until the fencing, the predecessor's open transaction held back every ``work``
             # partition of the run (the workers read committed records only).
+            resumed = time.perf_counter()
             phases = {
                 "loading its kernels": warmed - began,
                 **self.checkpoint.open_seconds,
-                "its first transaction": time.perf_counter() - announcing,
+                "its first transaction": resumed - announcing,
             }
             print(
                 f"skewer group: source {self.source} (restart {self.restart}) resumed at offset "
-                f"{self.checkpoint.next_offset} in {time.perf_counter() - began:.1f} s: "
+                f"{self.checkpoint.next_offset} in {resumed - began:.1f} s: "
                 + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items()),
                 file=sys.stderr,
                 flush=True,

@@ -47,9 +47,8 @@ def without_spark_archives(path: Sequence[str], spark_home: str | None) -> list[
         )
     ]
     installed = importlib.machinery.PathFinder.find_spec("pyspark", kept)
-    if installed is None or installed.origin is None:
-        return list(path)
-    if os.path.dirname(os.path.realpath(installed.origin)) != home:
+    origin = installed.origin if installed is not None else None
+    if origin is None or os.path.dirname(os.path.realpath(origin)) != home:
         return list(path)
     return kept
 
@@ -80,8 +79,8 @@ def load_and_freeze(worker_module: str = SPARK_WORKER_MODULE) -> None:
 
 if __name__ == "__main__":
     use_installed_pyspark()
-    named = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1].startswith("pyspark") else None
-    load_and_freeze(named or SPARK_WORKER_MODULE)
+    named = sys.argv[1:2]
+    load_and_freeze(named[0] if named and named[0].startswith("pyspark") else SPARK_WORKER_MODULE)
     from pyspark import daemon
 
     daemon.manager()
