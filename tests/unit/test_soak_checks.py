@@ -172,3 +172,42 @@ def test_a_soak_whose_kafka_logs_the_disk_cannot_hold_is_refused(tmp_path: Path)
     message = str(refused.value)
     assert message.startswith("the soak's Kafka logs need about 350000000.0 GB")
     assert f"{tmp_path} has " in message and "\n" not in message
+
+
+def start_up_then_drain(seconds: int, rate: float) -> list[int]:
+    """A run's lag as the capacity measure met it on the cluster: its backlog grows for 45 s
+    while its Spark applications start (to 27 s of a 1,000 records/s rate), then drains at a
+    third of the rate."""
+    lags, lag = [], 0.0
+    for t in range(seconds):
+        lag = lag + 0.6 * rate if t < 45 else max(0.0, lag - 0.3 * rate)
+        lags.append(int(lag))
+    return lags
+
+
+def test_a_try_keeps_up_once_its_start_up_s_backlog_drains_and_is_long_enough_to_see_it() -> None:
+    rate = 1000.0
+    assert soak.kept_up(start_up_then_drain(soak.SUSTAIN_SECONDS, rate), rate)
+    # A minute's try ends as the backlog peaks: it read as falling behind at any rate.
+    assert not soak.kept_up(start_up_then_drain(60, rate), rate)
+    falling_behind = [int(t * rate / 30) for t in range(soak.SUSTAIN_SECONDS)]
+    assert not soak.kept_up(falling_behind, rate)
+
+
+def test_a_cluster_that_keeps_up_with_no_share_stops_the_soak(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tried: list[float] = []
+
+    def falls_behind(_settings: object, plans: list[float]) -> bool:
+        tried.append(sum(plans))
+        return False
+
+    monkeypatch.setattr(soak, "saturating_rate", lambda _settings: 10_000.0)
+    monkeypatch.setattr(soak, "plan_of", lambda _settings, _scheme, rate, *_a, **_k: rate)
+    monkeypatch.setattr(soak, "keeps_up", falls_behind)
+    with pytest.raises(soak.SoakError, match="kept up with none of 80%, 65%, 50%, 40%"):
+        soak.measure_capacity(None, lambda _line: None)
+    assert tried == [8000.0, 6500.0, 5000.0, 4000.0]
+    monkeypatch.setattr(soak, "keeps_up", lambda _settings, plans: sum(plans) <= 6500.0)
+    assert soak.measure_capacity(None, lambda _line: None) == 6500.0
