@@ -63,6 +63,11 @@ NAMES = (
 class RedisReplicaService(RedisService):
     """Replica ``index`` (1, 2) of the native Redis, durable like it (append-only file)."""
 
+    #: Its own files, then the primary's copy, which a restarted replica (its replication
+    #: history lost with the process) takes whole and loads before its link is up: about as
+    #: large as its own.
+    loads = 2
+
     def __init__(self, settings: Settings, index: int) -> None:
         super().__init__(settings)
         self.index = index

@@ -179,6 +179,29 @@ def test_redis_keeps_an_append_only_file_with_the_chosen_fsync_policy(tmp_path: 
         config.load({"SKEWER_REDIS_APPENDFSYNC": "sometimes"})
 
 
+def test_a_redis_node_is_given_the_time_to_load_its_append_only_files(tmp_path: Path) -> None:
+    """A soak's kill -9 of the primary: the node, restarted as a replica, held 100 MB of
+    append-only files (41 MB of snapshot, 59 MB of log), loaded them in 12.8 s, then took the
+    new primary's copy whole, and would have been synced some 31 s after its start. Given 20 s,
+    ``up`` stopped it and left it down."""
+    settings = config.load({"SKEWER_RUN_DIR": str(tmp_path)})
+    services = manager.native_services(settings, redis_sentinel_set=True)
+    nodes = [service for service in services if service.name in ("redis", "redis-replica-1")]
+    assert [node.start_timeout for node in nodes] == [20.0, 20.0]
+    for node in nodes:
+        aof = node.data_dir / "appendonlydir"
+        aof.mkdir(parents=True)
+        for name, size in (
+            ("appendonly.aof.1.base.rdb", 41e6),
+            ("appendonly.aof.1.incr.aof", 59e6),
+        ):
+            with (aof / name).open("wb") as sparse:
+                sparse.truncate(int(size))
+    primary, replica = (node.start_timeout for node in nodes)
+    assert primary == pytest.approx(20 + 0.4 * 100)
+    assert replica == pytest.approx(20 + 2 * 0.4 * 100) and replica > 2 * 31
+
+
 def test_spark_standalone_services_order_and_the_spark_shorthand(tmp_path: Path) -> None:
     settings = config.load({config.ENV_RUN_DIR: str(tmp_path)})
     asked = manager.native_services(settings, ["redis"], spark_workers=2, spark_worker_cores=3)
