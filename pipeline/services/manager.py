@@ -302,8 +302,10 @@ def _wait_healthy(
     pending: dict[str, tuple[NativeService, PidRecord, bool]],
 ) -> tuple[NativeService, str] | None:
     """Poll until every pending service answers; the first that died or timed out (and which
-    of the two), else None."""
+    of the two), else None. Each service's timeout is read once, as the wait begins: a Redis
+    node's depends on the files it is loading, which it rewrites once loaded."""
     started_at = time.monotonic()
+    timeouts = {name: service.start_timeout for name, (service, _, _) in pending.items()}
     waiting = dict(pending)
     while waiting:
         for name, (service, record, _) in list(waiting.items()):
@@ -311,8 +313,8 @@ def _wait_healthy(
                 del waiting[name]
             elif not process.is_alive(record):
                 return service, "it exited"
-            elif time.monotonic() - started_at > service.start_timeout:
-                return service, f"no healthy answer in {service.start_timeout:.0f} s"
+            elif time.monotonic() - started_at > timeouts[name]:
+                return service, f"no healthy answer in {timeouts[name]:.0f} s"
         if waiting:
             time.sleep(0.25)
     return None

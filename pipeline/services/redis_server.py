@@ -19,8 +19,8 @@ from pipeline.services.native import NativeService
 
 #: Seconds to start a node that holds nothing.
 START_SECONDS = 20.0
-#: Seconds per MB of append-only files to load them, with room: on the soak's loaded two cores a
-#: restarted node loaded 41 MB of snapshot and 59 MB of log in 12.8 s.
+#: Seconds per MB of append-only files to load them: about twice what a restarted node took on
+#: the two-core machine under the soak's load (``skewer bench soak``).
 LOAD_SECONDS_PER_MB = 0.4
 
 
