@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "worker", help="the worker stage against Spark's own groupBy(window, key).count()"
     )
     worker.add_argument("--records", type=int, default=1_000_000, help="records (1000000)")
-    worker.add_argument("--rounds", type=int, default=3, help="measured pairs (3)")
+    worker.add_argument("--rounds", type=int, default=3, help="measured rounds (3)")
     add_jit_argument(worker, "peak")  # quick writes worker_stage_quick
     worker.add_argument("--out", type=Path, help="output directory (default bench/results)")
     worker.set_defaults(handler=run_worker)
@@ -245,10 +245,12 @@ def _write(result: Any, out: Path | None, command: str, seconds: float) -> int:
 
 def _write_live(args: argparse.Namespace, command: str, run: Callable[[], Any]) -> int:
     """Run a live benchmark (``run()``) and write its result: a ValueError is a usage error
-    (exit 2), a pipeline that failed is one line and exit 1."""
-    from pipeline.cli.arguments import UsageError
+    (exit 2), a pipeline that failed is one line and exit 1. SIGTERM stops it as Ctrl-C does,
+    through its clean-up: its runs' stages stopped, their topics and Redis keys deleted."""
+    from pipeline.cli.arguments import UsageError, stop_on_sigterm
     from pipeline.runs.orchestrator import PipelineError
 
+    stop_on_sigterm()
     began = time.perf_counter()
     try:
         result = run()

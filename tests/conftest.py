@@ -27,7 +27,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -75,6 +75,43 @@ class BackendChoice:
 
 
 _BACKEND_KEY = pytest.StashKey[BackendChoice]()
+
+#: Test modules that each keep both cores busy on their own: the nine schemes' live runs side
+#: by side, and the compose stack (a broker, Redis, Prometheus, Grafana and the job's JVMs in
+#: containers). Side by side on two cores they starved each other's services past their
+#: deadlines (a new topic without a leader for 30 s, the first point of a panel after minutes),
+#: so ``--dist loadfile`` hands the modules of a group to one pytest worker, one after another,
+#: while the other worker takes the remaining modules.
+ONE_WORKER_GROUPS = (
+    ("tests/integration/test_end_to_end.py", "tests/integration/test_compose_stack.py"),
+)
+
+
+def work_unit(nodeid: str) -> str:
+    """What ``--dist loadfile`` hands out whole: a test's module, or its module's group in
+    :data:`ONE_WORKER_GROUPS`.
+
+    >>> work_unit("tests/integration/test_compose_stack.py::test_down[pkg]")
+    'tests/integration/test_end_to_end.py'
+    >>> work_unit("tests/unit/test_heap.py::test_trim")
+    'tests/unit/test_heap.py'
+    """
+    module = nodeid.split("::", 1)[0]
+    return next((group[0] for group in ONE_WORKER_GROUPS if module in group), module)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` by :func:`work_unit`; any other mode as xdist has it."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ByWorkUnit(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:

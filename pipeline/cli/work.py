@@ -169,7 +169,11 @@ def run(args: argparse.Namespace) -> int:
         )
     stop_on_sigterm()
     try:
-        summary = worker_job.run(options, on_batch=worker_job.log_batch if args.verbose else None)
+        summary = worker_job.run(
+            options,
+            on_batch=worker_job.log_batch if args.verbose else None,
+            on_progress=worker_job.log_progress if args.verbose else None,
+        )
     except worker_job.WorkerConfigError as error:
         raise UsageError(str(error)) from None
     except worker_job.WorkerJobError as error:

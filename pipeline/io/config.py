@@ -271,6 +271,16 @@ class Settings:
         return host_ports(self.spark_standalone, ENV_SPARK_STANDALONE)[0][1]
 
     @property
+    def spark_standalone_web_port(self) -> int:
+        """The native master's web UI port: the one after the master's."""
+        return self.spark_standalone_port + 1
+
+    @property
+    def spark_standalone_web_url(self) -> str:
+        """The native master's web UI, whose ``/json/`` lists its workers and applications."""
+        return f"http://{self.spark_standalone_host}:{self.spark_standalone_web_port}"
+
+    @property
     def spark_standalone_host(self) -> str:
         return host_ports(self.spark_standalone, ENV_SPARK_STANDALONE)[0][0]
 

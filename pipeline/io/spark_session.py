@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from pipeline.io import config
 from pipeline.io.artifacts import ensure_spark_jars
-from pipeline.io.probes import accepts_connections
+from pipeline.io.probes import accepts_connections, spark_status
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -62,7 +62,9 @@ _JIT_OPTIONS = {"peak": (), "quick": ("-XX:TieredStopAtLevel=1",)}
 #: Seconds a new session on a cluster may take until its executors offer the cores it needs,
 #: and how long the cores offered may stay the same, once some executor registered, before
 #: the session is taken to have all it will get (a cluster manager launches its executors
-#: together at an application's start).
+#: together at an application's start) -- unless the master says its live workers have the
+#: cores: then an executor still starting, or an earlier application still letting go of its
+#: cores, is waited for until the first limit.
 EXECUTOR_WAIT_SECONDS = 90.0
 EXECUTOR_SETTLE_SECONDS = 15.0
 
@@ -122,17 +124,29 @@ def executor_cores(spark: SparkSession) -> int:
     return int(backend.totalCoreCount())
 
 
+def alive_worker_cores(master_web_url: str, timeout: float = 2.0) -> int | None:
+    """The cores of a standalone master's live workers, from its web UI's ``/json/``; None
+    when it does not answer."""
+    status = spark_status(master_web_url, timeout)
+    if status is None:
+        return None
+    workers = status.get("workers", [])
+    return sum(int(w.get("cores", 0)) for w in workers if w.get("state") == "ALIVE")
+
+
 def require_executor_cores(
     spark: SparkSession,
     needed: int,
     *,
+    master_web_url: str | None = None,
     timeout: float = EXECUTOR_WAIT_SECONDS,
     settle: float = EXECUTOR_SETTLE_SECONDS,
 ) -> int:
     """Wait until a cluster session's executors offer ``needed`` cores and return how many they
     offer; raise :class:`SparkClusterError` if they do not within ``timeout`` seconds, or if
-    some offer cores but their number stayed the same for ``settle`` seconds. A local session
-    passes at once (its slots are threads)."""
+    some offer cores but their number stayed the same for ``settle`` seconds while the master
+    (its web UI at ``master_web_url``, when known) does not have ``needed`` cores on live
+    workers. A local session passes at once (its slots are threads)."""
     master = spark.sparkContext.master
     if is_local(master):
         return needed
@@ -142,11 +156,14 @@ def require_executor_cores(
         now = time.monotonic()
         if cores != last_cores:
             last_cores, last_change = cores, now
-        if now - started > timeout or (cores > 0 and now - last_change > settle):
+        settled = cores > 0 and now - last_change > settle
+        alive = alive_worker_cores(master_web_url) if settled and master_web_url else None
+        if now - started > timeout or (settled and (alive is None or alive < needed)):
+            on_workers = "" if alive is None else f" (its live workers have {alive} in all)"
             raise SparkClusterError(
-                f"the Spark cluster at {master} offers {cores} executor core(s), fewer than "
-                f"the {needed} tasks of a micro-batch, which must all run at once: add "
-                "workers or cores, or pass --tasks"
+                f"the Spark cluster at {master} offers {cores} executor core(s){on_workers}, "
+                f"fewer than the {needed} tasks of a micro-batch, which must all run at once: "
+                "add workers or cores, or pass --tasks"
             )
         time.sleep(0.2)
     return cores

@@ -86,7 +86,7 @@ class _SparkDaemon(NativeService):
 
     @property
     def master_web_port(self) -> int:
-        return self.settings.spark_standalone_port + 1
+        return self.settings.spark_standalone_web_port
 
     @property
     def host(self) -> str:
@@ -95,7 +95,7 @@ class _SparkDaemon(NativeService):
 
     @property
     def master_web_url(self) -> str:
-        return f"http://{self.settings.spark_standalone_host}:{self.master_web_port}"
+        return self.settings.spark_standalone_web_url
 
     def install(self) -> None:
         self._require_binary("java")

@@ -31,7 +31,7 @@ from operators import registry
 from operators.base import Scheme, SchemeError, TableScheme
 from operators.keys import KeyBatch
 from operators.simulator import source_round
-from pipeline.io import kafka_io, records
+from pipeline.io import heap, kafka_io, records
 from pipeline.io.control_store import ControlPlane, now_ms
 from pipeline.io.dead_letters import REASONS
 from pipeline.io.grouping_store import GroupingStore
@@ -83,10 +83,21 @@ __all__ = [
 ]
 
 DEFAULT_BATCH_SIZE = 20_000
-#: Times the stage starts one source again within :data:`RESTART_WINDOW_SECONDS` before it
+#: Times the stage starts one killed source again within :data:`RESTART_WINDOW_SECONDS` before it
 #: gives up and fails, for its own supervisor (:class:`RestartBudget`).
 MAX_SOURCE_RESTARTS = 3
 RESTART_WINDOW_SECONDS = 600.0
+#: How often a source hands the heap pages it freed back to the OS (:mod:`pipeline.io.heap`):
+#: the batches of a backlog read after an outage are some 40 times a paced batch, and their
+#: memory, once free, would otherwise stay the process's size for good.
+TRIM_EVERY_SECONDS = 10.0
+#: The allocator of a stage's source processes (an explicit setting wins). glibc gives threads
+#: arenas of their own (up to 8 per core), each keeping its own high-water mark, and librdkafka
+#: runs a thread per broker: two arenas shared by all threads bound how many marks a source
+#: keeps. Python's own allocator keeps small objects in arenas it returns only when wholly
+#: empty, and a backlog's batches leave them fragmented: with glibc's malloc for everything,
+#: the periodic trim hands that memory back too (tests/unit/test_heap.py).
+SOURCE_ALLOCATOR = {"MALLOC_ARENA_MAX": "2", "PYTHONMALLOC": "malloc"}
 
 
 @dataclass(frozen=True)
@@ -276,9 +287,13 @@ class GroupingSource:
         self.start()
         checkpoint = self.checkpoint
         poll_timeout = self.config.commit_interval_ms / 1000
+        next_trim = time.monotonic() + TRIM_EVERY_SECONDS
         try:
             while not should_stop() and not (self.config.until_end and self.watermark.ended):
                 messages = checkpoint.consume(self.config.batch_size, poll_timeout)
+                if time.monotonic() >= next_trim:
+                    heap.release_freed_heap()
+                    next_trim = time.monotonic() + TRIM_EVERY_SECONDS
                 if self.tables is not None:
                     self.tables.poll()
                 if messages or self._switch_pending:
@@ -453,30 +468,36 @@ def _stop_flag() -> Callable[[], bool]:
 
 @dataclass
 class RestartBudget:
-    """At most ``limit`` restarts of one source within any ``window_s`` seconds: a source
-    that dies over and over has a cause a restart does not cure.
+    """At most ``limit`` restarts of one source killed by a signal within any ``window_s``
+    seconds: a source that dies over and over has a cause a restart does not cure. A source
+    that ended stuck (:data:`EXIT_STUCK`) is started again without spending the budget: a
+    restart is what cures librdkafka's lost coordinator, every broker failover may leave each
+    source stuck once, and its watchdog spaces such restarts at least
+    :data:`~pipeline.stages.source_checkpoint.STUCK_AFTER_SECONDS` apart. ``spent`` counts
+    every restart.
 
     >>> budget = RestartBudget(limit=2, window_s=60.0)
     >>> [budget.spend(t) for t in (0.0, 1.0, 2.0, 61.5)]
     [True, True, False, True]
-    >>> budget.spent
-    3
+    >>> budget.spend(62.0, exitcode=EXIT_STUCK), budget.spent
+    (True, 4)
     """
 
     limit: int = 3
     window_s: float = 600.0
+    #: When the restarts that spent the budget were taken.
     times: list[float] = field(default_factory=list)
+    spent: int = 0
 
-    def spend(self, now: float) -> bool:
-        """Take one restart at ``now`` (monotonic seconds) if the budget allows it."""
-        if sum(1 for t in self.times if now - t < self.window_s) >= self.limit:
-            return False
-        self.times.append(now)
+    def spend(self, now: float, exitcode: int = -signal.SIGKILL) -> bool:
+        """Take one restart at ``now`` (monotonic seconds) of a source that ended with
+        ``exitcode``, if the budget allows it."""
+        if exitcode != EXIT_STUCK:
+            if sum(1 for t in self.times if now - t < self.window_s) >= self.limit:
+                return False
+            self.times.append(now)
+        self.spent += 1
         return True
-
-    @property
-    def spent(self) -> int:
-        return len(self.times)
 
 
 def restartable(exitcode: int | None) -> bool:
@@ -490,19 +511,16 @@ def restartable(exitcode: int | None) -> bool:
 def run_sources(config: StageConfig, sources: Sequence[int]) -> list[SourceSummary]:
     """Run ``sources``: one in this process, several as one child process each.
 
-    A child that is killed or ends stuck is started again (:func:`restartable`), up to
-    :data:`MAX_SOURCE_RESTARTS` times within :data:`RESTART_WINDOW_SECONDS`. SIGTERM or
-    SIGINT stops every source after its current batch. Raises :class:`StageError` naming the
-    first source that failed (the others are then stopped).
+    A child that is killed or ends stuck is started again (:func:`restartable`); a killed one up
+    to :data:`MAX_SOURCE_RESTARTS` times within :data:`RESTART_WINDOW_SECONDS`
+    (:class:`RestartBudget`). SIGTERM or SIGINT stops every source after its current batch.
+    Raises :class:`StageError` naming the first source that failed (the others are then
+    stopped).
     """
     if len(sources) == 1:
         return [run_source(config, sources[0], _stop_flag())]
-    # glibc gives threads arenas of their own (up to 8 per core), each keeping its own
-    # high-water mark, and librdkafka runs a thread per broker. Over an hour with faults a
-    # source's RSS stepped up after its first catch-ups (an outage's backlog) and stayed there;
-    # two arenas shared by all threads bound how many marks it keeps, though the steps remain.
-    # The children inherit the variable (an explicit setting wins).
-    os.environ.setdefault("MALLOC_ARENA_MAX", "2")
+    for name, value in SOURCE_ALLOCATOR.items():  # the children inherit them
+        os.environ.setdefault(name, value)
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
 
@@ -538,7 +556,7 @@ def run_sources(config: StageConfig, sources: Sequence[int]) -> list[SourceSumma
                     if (
                         restartable(child.exitcode)
                         and not forwarded_stop
-                        and budgets[s].spend(time.monotonic())
+                        and budgets[s].spend(time.monotonic(), child.exitcode)
                     ):
                         print(
                             f"skewer group: source {s} ended with code {child.exitcode}; "

@@ -59,6 +59,14 @@ TASK_ATTEMPTS = 4
 #: newer record has been written waits the whole default, once per partition, one partition
 #: after another in a task. The figures: bench/results/worker_latency.md.
 FETCH_MAX_WAIT_MS = 10
+#: Records one poll of the job's Kafka consumers returns at most (Kafka's ``max.poll.records``,
+#: 500 by default). Spark's Kafka reader asks the partition's leader for its earliest and
+#: latest offsets (two ListOffsets round trips) after every poll, so at the default a task
+#: pays three round trips per 500 records: on a busy cluster, catching up on a backlog was
+#: bound by those round trips, not by the records. 10,000 is about one fetch of Kafka's
+#: default ``max.partition.fetch.bytes`` (1 MiB) of skewer's records. The figures:
+#: bench/results/worker_stage.md.
+MAX_POLL_RECORDS = 10_000
 #: How Spark writes the query's offset and commit logs (``spark.sql.streaming.
 #: checkpointFileManagerClass``). Its default, through Hadoop's FileContext, is slower for these
 #: two small files than Hadoop's FileSystem (bench/results/worker_latency.md). Both write a
@@ -98,6 +106,9 @@ class WorkOptions:
     #: Kafka's ``fetch.max.wait.ms`` for the query's consumers (``skewer bench latency``
     #: measures it against Kafka's default).
     fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS
+    #: Kafka's ``max.poll.records`` for the query's consumers (``skewer bench worker`` measures
+    #: it against Kafka's default).
+    max_poll_records: int = MAX_POLL_RECORDS
     #: How Spark writes the query's logs; None: Spark's default (as for ``fetch_max_wait_ms``).
     checkpoint_file_manager: str | None = CHECKPOINT_FILE_MANAGER
     #: How the driver JVM compiles (``skewer work --jit``,
@@ -131,6 +142,8 @@ class WorkOptions:
             raise WorkerConfigError("--max-records-per-batch must be >= 1")
         if self.fetch_max_wait_ms < 0:
             raise WorkerConfigError(f"fetch.max.wait.ms must be >= 0, got {self.fetch_max_wait_ms}")
+        if self.max_poll_records < 1:
+            raise WorkerConfigError(f"max.poll.records must be >= 1, got {self.max_poll_records}")
         if self.tasks is not None and not 1 <= self.tasks <= self.workers:
             raise WorkerConfigError(f"--tasks must be in 1..W={self.workers}, got {self.tasks}")
         if self.trigger not in TRIGGERS:
@@ -165,6 +178,8 @@ def default_tasks(workers: int) -> int:
 
 #: Called on the driver after each micro-batch with the tasks' summaries.
 BatchCallback = Callable[[int, list[TaskSummary]], None]
+#: Called with each micro-batch's progress report (Spark's ``StreamingQueryProgress`` as a dict).
+ProgressCallback = Callable[[dict], None]
 
 
 @dataclass
@@ -244,6 +259,7 @@ def start_query(
         .option("startingOffsets", "earliest")
         .option("kafka.isolation.level", "read_committed")
         .option("kafka.fetch.max.wait.ms", str(options.fetch_max_wait_ms))
+        .option("kafka.max.poll.records", str(options.max_poll_records))
         .options(**kafka_security.from_environ().spark_options())
     )
     if options.max_records_per_batch is not None:
@@ -361,9 +377,14 @@ def run(
     spark: SparkSession | None = None,
     *,
     on_batch: BatchCallback | None = None,
+    on_progress: ProgressCallback | None = None,
     poll_seconds: float = 0.25,
 ) -> WorkSummary:
     """Run the job until END_OF_STREAM (``until_end``) or until interrupted.
+
+    ``on_batch`` gets each micro-batch's task summaries as its ``foreachBatch`` ends;
+    ``on_progress`` each batch's progress report once Spark has made it (looked for every
+    ``poll_seconds``, so none is missed while the query keeps its recent reports).
 
     ``spark`` defaults to a new session (stopped at the end) on ``options.spark_master``:
     ``local`` is ``local[max(T, 2), 4]`` for T tasks; on a cluster, its executors must offer a
@@ -385,8 +406,11 @@ def run(
 
     started = time.monotonic()
     query = start_query(spark, options, count_batch)
+    reported = -1  # the last batch whose progress went to on_progress
     try:
         while ask_the_driver(lambda: query.isActive) and not summary.finished:
+            if on_progress is not None:
+                reported = report_progress(query, reported, on_progress)
             if options.trigger == REAL_TIME:  # a grouping stage that started after this one
                 refuse_sums_in_real_time(store)
             if options.until_end and all(
@@ -402,6 +426,8 @@ def run(
                 summary.finished = ask_the_driver(query.exception) is None
             else:
                 time.sleep(poll_seconds)
+        if on_progress is not None:  # the batches that ended since the last look
+            report_progress(query, reported, on_progress)
         error = ask_the_driver(query.exception)
         if error is not None:
             raise WorkerJobError(f"the streaming query failed: {failure_reason(error)}")
@@ -496,11 +522,48 @@ def job_session(options: WorkOptions) -> SparkSession:
         driver_heap=CLUSTER_JVM_HEAP if standalone else None,
     )
     try:
-        require_executor_cores(spark, options.task_count)
+        settings = config.load()
+        own_master = master == settings.spark_standalone_url
+        require_executor_cores(
+            spark,
+            options.task_count,
+            master_web_url=settings.spark_standalone_web_url if own_master else None,
+        )
     except SparkClusterError as error:
         spark.stop()
         raise WorkerConfigError(str(error)) from None
     return spark
+
+
+def report_progress(query: StreamingQuery, reported: int, on_progress: ProgressCallback) -> int:
+    """Hand ``on_progress`` the progress reports of the batches after ``reported``, oldest
+    first; the last batch reported. The last report is one small call; the query's recent
+    ones (up to a hundred) are read only when batches ended since the last look."""
+    last = ask_the_driver(lambda: query.lastProgress)
+    if not last or last["batchId"] <= reported:
+        return reported
+    news = (
+        [last]
+        if last["batchId"] == reported + 1
+        else [p for p in ask_the_driver(lambda: query.recentProgress) if p["batchId"] > reported]
+    )
+    for progress in news:
+        on_progress(progress)
+    return max(reported, *(p["batchId"] for p in news))
+
+
+def log_progress(progress: dict) -> None:
+    """A line per micro-batch's progress report on standard error (``skewer work --verbose``):
+    where its time went, Spark's ``durationMs`` parts (``latestOffset`` asks the brokers for the
+    end offsets, ``addBatch`` runs the tasks, ``walCommit`` and ``commitOffsets`` write the
+    checkpoint, ``triggerExecution`` is the whole)."""
+    durations = progress.get("durationMs", {})
+    parts = ", ".join(f"{name} {ms}" for name, ms in sorted(durations.items()))
+    print(
+        f"{datetime.now().strftime('%H:%M:%S.%f')[:-3]} progress {progress['batchId']}: "
+        f"{progress.get('numInputRows', 0)} rows, ms: {parts}",
+        file=sys.stderr,
+    )
 
 
 def log_batch(batch_id: int, summaries: list[TaskSummary]) -> None:

@@ -67,10 +67,16 @@ def master_url(settings: config.Settings) -> Iterator[str]:
 
 @pytest.fixture
 def whole_cluster(master_url: str, settings: config.Settings) -> str:
-    """The cluster with both workers registered, whatever the test before left: a worker a
-    fault test failed to restart is started again here, so one failure does not leave every
-    later test short of cores. The module's lease covers what this starts (same holder)."""
+    """The cluster with both workers registered and every core free, whatever the test before
+    left: a worker a fault test failed to restart is started again here, so one failure does
+    not leave every later test short of cores, and an application of an earlier test (another
+    module's, which held the cluster before) is gone. The module's lease covers what this
+    starts (same holder)."""
     lease_the_whole_cluster(settings)
+    deadline = time.monotonic() + 60
+    while (left := spark_standalone.active_applications(settings)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left == [], f"applications of earlier tests still hold the cluster: {left}"
     return master_url
 
 
@@ -80,7 +86,8 @@ def test_fewer_executor_cores_than_tasks_is_refused_with_exit_2(
     code = app.main(["demo", "--spark-master", master_url, "--workers", "12", "--records", "1000"])
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2
-    assert "offers 8 executor core(s), fewer than the 12 tasks" in error, error
+    refusal = "offers 8 executor core(s) (its live workers have 8 in all), fewer than the 12 tasks"
+    assert refusal in error, error
     assert spark_standalone.active_applications(settings) == []
 
 

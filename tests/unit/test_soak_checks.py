@@ -211,3 +211,32 @@ def test_a_cluster_that_keeps_up_with_no_share_stops_the_soak(
     assert tried == [8000.0, 6500.0, 5000.0, 4000.0]
     monkeypatch.setattr(soak, "keeps_up", lambda _settings, plans: sum(plans) <= 6500.0)
     assert soak.measure_capacity(None, lambda _line: None) == 6500.0
+
+
+def test_a_live_bench_stopped_by_sigterm_leaves_through_its_clean_up() -> None:
+    """A soak stopped with SIGTERM (a supervisor's stop, or `kill`; a background job started
+    from a script ignores Ctrl-C) ran none of its ``finally`` blocks: its runs' topics and
+    Redis keys stayed behind."""
+    import argparse
+    import os
+    import signal
+    import time
+
+    from bench import cli
+
+    cleaned: list[bool] = []
+
+    def run() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the signal lands in here
+        finally:
+            cleaned.append(True)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cli._write_live(argparse.Namespace(bench_command="soak"), "skewer bench soak", run)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert cleaned == [True]

@@ -233,6 +233,7 @@ def test_work_options_validation(tmp_path) -> None:
         dict(workers=2, max_records_per_batch=0),
         dict(workers=2, spark_master="spark://no-port"),
         dict(workers=2, fetch_max_wait_ms=-1),
+        dict(workers=2, max_poll_records=0),
     ):
         with pytest.raises(WorkerJobError):
             WorkOptions(**bad, **base).validate()  # type: ignore[arg-type]
