@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -73,7 +74,11 @@ def start_worker_query(
 
     def join(timeout: float) -> None:
         worker.join(timeout)
-        assert not failure, f"{plan.run_id}: the worker job failed: {failure[0]}"
+        # Where it failed, not only why: a lost py4j connection reads "X does not exist in the
+        # JVM" whichever call it broke.
+        if failure:
+            where = "".join(traceback.format_exception(failure[0])[-12:])
+            raise AssertionError(f"{plan.run_id}: the worker job failed: {failure[0]}\n{where}")
         if worker.is_alive():
             report = report_hang(spark, plan.run_id)
             raise AssertionError(f"{plan.run_id}: the worker job did not finish; {report}")

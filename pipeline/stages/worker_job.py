@@ -434,7 +434,7 @@ def run(
         summary.processed = store.processed_per_worker(options.workers).tolist()
         summary.progress = [
             {"batch": p["batchId"], "rows": p["numInputRows"], **p.get("durationMs", {})}
-            for p in query.recentProgress
+            for p in ask_the_driver(lambda: query.recentProgress)
         ]
         if options.trigger == REAL_TIME:  # no foreachBatch: Spark's progress counts them
             summary.batches = len({p["batch"] for p in summary.progress})
