@@ -215,8 +215,8 @@ def test_a_cluster_that_keeps_up_with_no_share_stops_the_soak(
 
 def test_a_live_bench_stopped_by_sigterm_leaves_through_its_clean_up() -> None:
     """A soak stopped with SIGTERM (a supervisor's stop, or `kill`; a background job started
-    from a script ignores Ctrl-C) ran none of its ``finally`` blocks: its runs' topics and
-    Redis keys stayed behind."""
+    from a script ignores Ctrl-C) runs its ``finally`` blocks, as on Ctrl-C: without them its
+    runs' topics and Redis keys would stay behind."""
     import argparse
     import os
     import signal

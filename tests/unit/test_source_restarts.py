@@ -61,9 +61,9 @@ def test_a_stuck_source_ends_after_a_working_failover_would_and_well_before_a_ru
 
 
 def test_restarts_that_cure_a_lost_coordinator_do_not_spend_the_budget() -> None:
-    """The soak's pkg source 1 within ten minutes: killed, stuck after a broker kill, killed,
-    stuck after another, killed. The stuck ends spent the budget, so the third kill failed the
-    whole stage (its supervisor's restart took 10 s, a source's half a second)."""
+    """One source within ten minutes of a soak's faults: killed, stuck after a broker kill,
+    killed, stuck after another, killed. Were the stuck ends to spend the budget, the third kill
+    would fail the whole stage (its supervisor's restart takes 10 s, a source's half a second)."""
     budget = RestartBudget(limit=3, window_s=600.0)
     ends = [(0.0, -signal.SIGKILL), (504.0, EXIT_STUCK), (676.0, -signal.SIGKILL)]
     ends += [(933.0, EXIT_STUCK), (1061.0, -signal.SIGKILL)]
