@@ -33,7 +33,7 @@ and the machine. Both parts are ratios measured side by side in the one run.
 **Executors.** The whole live pipeline (``skewer demo``'s stages as subprocesses), pkg on
 ``zipf:z=1.2`` with W = 4 workers and one source, its workers on the Spark standalone cluster
 of ``skewer services up --spark-workers 2`` (started here under a lease if it is not running: a
-master and two workers of 4 cores). Each run asks for n executors of one core and 512 MiB
+master and two workers of 8 cores). Each run asks for n executors of one core and 512 MiB
 (``spark.executor.cores=1``, ``spark.cores.max=n``) and runs n tasks per micro-batch
 (``skewer work --tasks n``), each holding W / n workers. The per-record cost is the workers'
 own CPU (decoding, counting, the Redis apply), C = 0 by default: ``--cpu-cost-us`` is a wait

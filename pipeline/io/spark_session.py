@@ -27,10 +27,12 @@ JDK and these jars (:func:`class_archive_path`; docs/performance.md#start-up).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
+import shlex
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -228,6 +230,47 @@ def build_spark_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+#: The most cores of one executor on a standalone cluster (:func:`executor_size`).
+EXECUTOR_MAX_CORES = 4
+
+
+def executor_size(task_count: int) -> int:
+    """Cores of each executor of a run of ``task_count`` tasks on a standalone cluster: the
+    largest divisor of ``task_count`` that is at most half of it and at most
+    :data:`EXECUTOR_MAX_CORES` (1 for a single task), so its tasks run on two executors at
+    least, and its ``spark.cores.max`` of ``task_count`` is a whole number of executors.
+
+    Without ``spark.executor.cores`` a standalone master gives an application one executor per
+    worker, holding every core it got there: when a worker is lost, the application cannot
+    start another on a worker where it already has one, and waits for the lost one to come
+    back. With a fixed size it gets its cores back on any worker with room at once.
+
+    >>> [executor_size(t) for t in (1, 2, 3, 4, 6, 8, 12, 20)]
+    [1, 1, 1, 2, 3, 4, 4, 4]
+    """
+    if task_count < 1:
+        raise ValueError(f"a run has at least one task, got {task_count}")
+    largest = max(1, min(task_count // 2, EXECUTOR_MAX_CORES))
+    return next(c for c in range(largest, 0, -1) if task_count % c == 0)
+
+
+def submitted_conf(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The Spark settings given to ``spark-submit`` as ``--conf KEY=VALUE`` in
+    ``PYSPARK_SUBMIT_ARGS`` (of ``environ``, by default this process's environment); a
+    session's own settings would override them.
+
+    >>> submitted_conf({"PYSPARK_SUBMIT_ARGS": "--conf spark.executor.cores=1 pyspark-shell"})
+    {'spark.executor.cores': '1'}
+    """
+    words = shlex.split((os.environ if environ is None else environ).get("PYSPARK_SUBMIT_ARGS", ""))
+    settings: dict[str, str] = {}
+    for flag, setting in itertools.pairwise(words):
+        if flag == "--conf" and "=" in setting:
+            key, value = setting.split("=", 1)
+            settings[key] = value
+    return settings
 
 
 def fixed_heap_options(heap: str) -> list[str]:

@@ -36,11 +36,14 @@ from pipeline.io.probes import spark_status
 from pipeline.io.spark_session import fixed_heap_options
 from pipeline.services.native import NativeService, ServiceError
 
-#: What one worker offers by default: the cores of the demo's W = 8 over two workers, and
-#: memory for two executors (Spark asks 1 GiB for each; ~520 MiB are resident with its Python
-#: workers), so that two runs, each asking for its tasks' cores only, can share a worker.
-DEFAULT_WORKER_CORES = 4
-DEFAULT_WORKER_MEMORY = "2g"
+#: What one worker offers by default: room for every executor of two runs of W = 4 (or of the
+#: demo's W = 8) alone, four executors of 1 GiB each (~520 MiB are resident with their Python
+#: workers). When a worker is lost, the master starts its executors again on the other at once,
+#: instead of leaving the runs short of cores until it is back, and the cores a killed executor
+#: frees go back to its own run, not to whichever run registered first and still waits for
+#: more (the master serves waiting applications in that order).
+DEFAULT_WORKER_CORES = 8
+DEFAULT_WORKER_MEMORY = "4g"
 #: The master's and each worker's own heap (``SPARK_DAEMON_MEMORY``, Spark's default 1 GiB):
 #: they only keep the cluster's bookkeeping. Fixed and touched at start, like the executors',
 #: so a daemon's memory is what it will be and one whose RSS grows has a leak to look for.
@@ -82,7 +85,9 @@ def spark_home() -> Path:
 
 
 class _SparkDaemon(NativeService):
-    start_timeout = 60.0
+    # A daemon started again while the machine is busy (its cores taken by the executors
+    # making up for a lost worker) has taken more than a minute to register.
+    start_timeout = 120.0
 
     @property
     def master_web_port(self) -> int:

@@ -241,6 +241,12 @@ def refuse_sums_in_real_time(store: StateStore) -> None:
         )
 
 
+#: How long the driver's Kafka admin client may list a micro-batch's end offsets before Spark
+#: asks again with a new one: a listing sent to a dead leader can wait for Kafka's default, a
+#: minute, although the partition has a new one within seconds (docs/design.md#spark-pitfalls).
+OFFSETS_TIMEOUT_MS = 10_000
+
+
 def start_query(
     spark: SparkSession, options: WorkOptions, on_batch: BatchCallback
 ) -> StreamingQuery:
@@ -260,6 +266,9 @@ def start_query(
         .option("kafka.isolation.level", "read_committed")
         .option("kafka.fetch.max.wait.ms", str(options.fetch_max_wait_ms))
         .option("kafka.max.poll.records", str(options.max_poll_records))
+        # Kafka's clients refuse a request timeout longer than the call's (30 s by default).
+        .option("kafka.default.api.timeout.ms", str(OFFSETS_TIMEOUT_MS))
+        .option("kafka.request.timeout.ms", str(OFFSETS_TIMEOUT_MS))
         .options(**kafka_security.from_environ().spark_options())
     )
     if options.max_records_per_batch is not None:
@@ -450,14 +459,12 @@ def run(
 #: Heap of the driver and of each executor on a standalone cluster: Spark's default size,
 #: fixed and touched at start.
 CLUSTER_JVM_HEAP = "1g"
-#: Speculative copies of a micro-batch's slow tasks, on a cluster. A micro-batch ends with its
-#: slowest task, and an executor that stalls (a replacement's first tasks while its JVM and
-#: Python daemon start on a busy machine, a long pause, a slow node) held every batch for as
-#: long as it did. Once half of a batch's tasks are done, Spark starts a copy of a task that
-#: has run three times their median and at least two seconds, on another host, and keeps the
-#: first to finish. Both attempts may apply; the apply is idempotent per (worker, batch), so
-#: one counts (docs/design.md#spark-pitfalls). Not in Real-Time Mode, whose tasks run for the
-#: whole of a long batch by design.
+#: Speculative copies of a micro-batch's slow tasks, on a cluster: a batch ends with its
+#: slowest task, and an executor that stalls held every batch for as long as it did. Once half
+#: of a batch's tasks are done, Spark copies a task that has run three times their median and
+#: two seconds at least to another host, and keeps the first to finish; the apply is idempotent
+#: per (worker, batch) (docs/design.md#spark-pitfalls). Not in Real-Time Mode, whose tasks run
+#: for the whole of a long batch by design.
 #:
 #: The Kafka source prefers one executor per partition (its consumer is cached there), and a
 #: task waits ``spark.locality.wait`` (3 s by default) for its executor to have a free core
@@ -479,31 +486,38 @@ def job_session(options: WorkOptions) -> SparkSession:
 
     On a standalone master the job asks for exactly those cores (``spark.cores.max``): an
     application without it takes every core of the cluster, although a micro-batch never
-    runs more than its tasks at once, and other jobs (another run's workers) would wait. Its
-    executors and its driver there have a fixed heap of :data:`CLUSTER_JVM_HEAP`."""
+    runs more than its tasks at once, and other jobs (another run's workers) would wait; in
+    executors of :func:`~pipeline.io.spark_session.executor_size` cores, with a fixed heap
+    of :data:`CLUSTER_JVM_HEAP`. ``spark-submit``'s own settings win."""
     from pipeline.io.artifacts import ArtifactError, ensure_realtime_writer
     from pipeline.io.spark_session import (
         SparkClusterError,
         build_spark_session,
+        executor_size,
         fixed_heap_options,
         require_executor_cores,
+        submitted_conf,
     )
 
     slots = max(options.task_count, 2)
     master = options.spark_master
     if master == config.DEFAULT_SPARK_MASTER:
         master = f"local[{slots},{TASK_ATTEMPTS}]"
+    given = submitted_conf()
+    heap = given.get("spark.executor.memory", CLUSTER_JVM_HEAP)
     standalone = (
         {
             "spark.cores.max": str(options.task_count),
+            "spark.executor.cores": str(executor_size(options.task_count)),
             # A fixed heap, touched at start: an executor's memory is what it will be, and
             # one whose RSS grows has a leak to look for (its off-heap part).
-            "spark.executor.memory": CLUSTER_JVM_HEAP,
-            "spark.executor.extraJavaOptions": " ".join(fixed_heap_options(CLUSTER_JVM_HEAP)),
+            "spark.executor.memory": heap,
+            "spark.executor.extraJavaOptions": " ".join(fixed_heap_options(heap)),
         }
         if master.startswith("spark://")
         else {}
     )
+    standalone = {key: value for key, value in standalone.items() if key not in given}
     # A real-time writer runs in the JVM: its jar instead of the Python workers' daemon.
     real_time = options.trigger == REAL_TIME
     daemon = {} if real_time else {"spark.python.daemon.module": PYTHON_DAEMON_MODULE}

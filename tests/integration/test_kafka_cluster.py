@@ -250,3 +250,62 @@ def test_kill_9_of_the_transaction_coordinator_keeps_counts_exact(
         summary = pipeline.summary()
     assert killed, "no broker was killed"
     assert_exact_without_restarts(summary, plan)
+
+
+#: How long the leader of a work partition stays down in the test below: longer than the
+#: fencing of a dead node and the worker job's offsets timeout together, shorter than Kafka's
+#: default admin timeout (a minute), which a listing of end offsets could wait for.
+LEADER_DOWN_SECONDS = 45.0
+#: From the kill, when the workers must be applying again.
+LEADER_FAILOVER_SECONDS = 20.0
+
+
+def partition_leader(bootstrap: str, topic: str, partition: int) -> int:
+    """The node id that leads ``partition`` of ``topic``."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    metadata = admin.list_topics(topic, timeout=10)
+    return metadata.topics[topic].partitions[partition].leader
+
+
+def test_the_workers_go_on_applying_while_a_leader_of_their_topic_is_down(
+    cluster: config.Settings, spark: object
+) -> None:
+    """What is killed: the node leading partition 0 of the run's work topic, with SIGKILL,
+    kept down for :data:`LEADER_DOWN_SECONDS`. When: once a fifth of the records are
+    processed, with most of the paced stream still to come. Expected: the controller fences
+    the node within its session timeout and the partitions it led get new leaders; the
+    driver's listing of a micro-batch's end offsets, if it went to the dead node, gives up
+    after the worker job's offsets timeout and asks again, so the workers apply records again
+    within :data:`LEADER_FAILOVER_SECONDS` of the kill, while the node is still down (with
+    Kafka's default timeout every micro-batch could wait a minute). The node is then started
+    again; no stage restarts, and every (key, window) count equals the ground truth."""
+    plan = fault_plan("pkg", "leader-down", records=240_000, workers=4, cpu_cost_us=0)
+    applied: list[tuple[int, int]] = []  # processed at the failover moment, and at the restart
+
+    def kill_the_leader(pipeline: Pipeline) -> None:
+        wait_for_the_fault_moment(pipeline, 0.2)
+        leader = partition_leader(cluster.kafka_bootstrap, plan.names.work_topic, 0)
+        node = KafkaNodeService(cluster, leader)
+        record = process.read_pid_file(node.pid_path)
+        assert record is not None, f"{node.name} is not this module's"
+        assert process.kill(record), f"{node.name} was not running"
+        killed = time.monotonic()
+        process.wait_gone(record)
+        time.sleep(max(0.0, killed + LEADER_FAILOVER_SECONDS - time.monotonic()))
+        at_failover = pipeline.progress().processed
+        time.sleep(max(0.0, killed + LEADER_DOWN_SECONDS - time.monotonic()))
+        applied.append((at_failover, pipeline.progress().processed))
+        assert [s.state for s in manager.acquire(cluster, [node.name])] == ["started"]
+
+    with shared_spark_run(plan, cluster, spark, during=kill_the_leader) as pipeline:
+        summary = pipeline.summary()
+    assert applied, "no leader was killed"
+    [(at_failover, at_restart)] = applied
+    assert at_restart > at_failover, (
+        f"the workers applied nothing from {LEADER_FAILOVER_SECONDS:.0f} s to "
+        f"{LEADER_DOWN_SECONDS:.0f} s after the kill of a leader of their topic "
+        f"({at_failover:,} records applied throughout)"
+    )
+    assert_exact_without_restarts(summary, plan)

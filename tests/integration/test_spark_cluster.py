@@ -1,6 +1,6 @@
 """The workers on a Spark standalone cluster, and its bad settings.
 
-``skewer services up --spark-workers 2`` runs a standalone master and two workers of 4 cores
+``skewer services up --spark-workers 2`` runs a standalone master and two workers of 8 cores
 from the pip package (:mod:`pipeline.services.spark_standalone`); here the test takes a lease
 on them (and stops them at the end if it started them). The demo on such a cluster, exact, is
 test_kafka_cluster.py's docs/cluster.md run (``services up --spark-workers 2 --kafka-brokers 3``). A
@@ -22,6 +22,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -83,10 +84,12 @@ def whole_cluster(master_url: str, settings: config.Settings) -> str:
 def test_fewer_executor_cores_than_tasks_is_refused_with_exit_2(
     master_url: str, settings: config.Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = app.main(["demo", "--spark-master", master_url, "--workers", "12", "--records", "1000"])
+    code = app.main(["demo", "--spark-master", master_url, "--workers", "20", "--records", "1000"])
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2
-    refusal = "offers 8 executor core(s) (its live workers have 8 in all), fewer than the 12 tasks"
+    refusal = (
+        "offers 16 executor core(s) (its live workers have 16 in all), fewer than the 20 tasks"
+    )
     assert refusal in error, error
     assert spark_standalone.active_applications(settings) == []
 
@@ -111,8 +114,23 @@ def two_runs_on(
     master: str, settings: config.Settings, tag: str, **fields: Any
 ) -> contextlib.AbstractContextManager[list[Pipeline]]:
     """:func:`live_runs.two_runs_at_the_fault_moment` on the cluster, W = 4 each, so each
-    asks for 4 of its 8 cores (``fields``: more of its arguments)."""
+    asks for 4 of its 16 cores, in two executors of 2 (``fields``: more of its arguments)."""
     return two_runs_at_the_fault_moment(settings, tag, spark_master=master, workers=4, **fields)
+
+
+#: How long a lost worker's executors may take to be started again on the other worker (their
+#: JVMs start on a machine busy with two runs).
+REPLACEMENT_SECONDS = 120.0
+
+
+def executors_on(settings: config.Settings, run_id: str, host: str) -> int:
+    """How many executors of run ``run_id`` run on the worker whose host is ``host``."""
+    flag = f"--hostname\0{host}\0".encode()
+    count = 0
+    for pid in spark_standalone.executor_pids(settings, [run_id]):
+        with contextlib.suppress(OSError):  # gone meanwhile
+            count += flag in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return count
 
 
 def test_kill_9_of_a_spark_worker_under_two_runs_keeps_both_exact(
@@ -124,9 +142,11 @@ def test_kill_9_of_a_spark_worker_under_two_runs_keeps_both_exact(
     published a table and keys' state moves between workers) and the pkg run has micro-batches
     in flight. Recovery expected: each run's Spark re-runs its lost tasks on its executor on
     worker 2 (the apply is idempotent per worker and batch, so a task that had applied is
-    skipped); worker 1 is started again and each run's new executor joins; the migration
-    completes. No stage of either run restarts, and every (key, window) count of each equals
-    its ground truth."""
+    skipped), and the master starts each run's lost executor again on worker 2 while worker 1
+    is still down (a worker has room for every executor of both runs, and a run's executors
+    are of a fixed size, so it may have two on one worker); then worker 1 is started again;
+    the migration completes. No stage of either run restarts, and every (key, window) count
+    of each equals its ground truth."""
     worker = SparkWorkerService(settings, 1)
     record = process.read_pid_file(worker.pid_path)
     if record is None:
@@ -135,6 +155,15 @@ def test_kill_9_of_a_spark_worker_under_two_runs_keeps_both_exact(
         assert process.kill(record), "spark-worker-1 was not running"
         # Reaped before the restart, so its web UI port is free for the new worker.
         assert process.wait_gone(record, timeout=10), "the killed worker is still there"
+        host = spark_standalone.worker_host(settings, 2)
+        deadline = time.monotonic() + REPLACEMENT_SECONDS
+        while not all(executors_on(settings, p.plan.run_id, host) == 2 for p in pipelines):
+            assert time.monotonic() < deadline, (
+                f"the runs' lost executors were not started again on worker 2 within "
+                f"{REPLACEMENT_SECONDS:.0f} s (each run's on it: "
+                f"{[executors_on(settings, p.plan.run_id, host) for p in pipelines]})"
+            )
+            time.sleep(0.5)
         # A lease, not `up`: `up` adopts what it starts, and the worker would outlive the tests.
         states = manager.acquire(settings, [worker.name])
         assert [s.state for s in states] == ["started"]
