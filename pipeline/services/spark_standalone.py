@@ -220,10 +220,11 @@ def active_applications(settings: Settings, timeout: float = 10.0) -> list[dict[
     return list(status["activeapps"]) if status is not None else []
 
 
-def executor_pids(settings: Settings, run_ids: list[str]) -> list[int]:
+def executor_pids(settings: Settings, run_ids: list[str], host: str | None = None) -> list[int]:
     """The pids of the executor JVMs on this machine of the Spark applications of runs
     ``run_ids`` (``RunNames.work_query``, by the application ids the master gives them):
-    another application on the cluster may have executors too."""
+    another application on the cluster may have executors too. With ``host``, only those of
+    the worker whose host is ``host``."""
     from pipeline.io.kafka_io import RunNames
 
     names = {RunNames(run).work_query for run in run_ids}
@@ -234,6 +235,7 @@ def executor_pids(settings: Settings, run_ids: list[str]) -> list[int]:
     }
     if not ids:
         return []
+    on_host = b"" if host is None else f"--hostname\0{host}\0".encode()
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -241,6 +243,10 @@ def executor_pids(settings: Settings, run_ids: list[str]) -> list[int]:
                 command = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if b"CoarseGrainedExecutorBackend" in command and any(i in command for i in ids):
+            if (
+                b"CoarseGrainedExecutorBackend" in command
+                and any(i in command for i in ids)
+                and on_host in command
+            ):
                 pids.append(int(entry.name))
     return pids

@@ -199,19 +199,28 @@ def test_replication_beyond_the_brokers_is_refused_with_exit_2(
     ]
 
 
-def kill_and_restart_coordinator(cluster: config.Settings, plan: RunPlan) -> int:
-    """kill -9 the node coordinating source 0's transactions, start it again under the
-    module's lease; its node id."""
-    coordinator = probes.transaction_coordinator(
-        cluster.kafka_bootstrap, plan.names.transactional_id(0)
-    )
-    node = KafkaNodeService(cluster, coordinator)
+def kill_node(cluster: config.Settings, node_id: int) -> KafkaNodeService:
+    """kill -9 the module's Kafka node ``node_id`` and wait until it is gone; the node."""
+    node = KafkaNodeService(cluster, node_id)
     record = process.read_pid_file(node.pid_path)
     assert record is not None, f"{node.name} is not this module's"
     assert process.kill(record), f"{node.name} was not running"
     process.wait_gone(record)
-    # A lease, not `up`: `up` adopts what it starts, and the node would outlive the tests.
+    return node
+
+
+def restart_node(cluster: config.Settings, node: KafkaNodeService) -> None:
+    """Start a killed node again, under the module's lease: ``up`` would adopt it, and it would
+    outlive the tests."""
     assert [s.state for s in manager.acquire(cluster, [node.name])] == ["started"]
+
+
+def kill_and_restart_coordinator(cluster: config.Settings, plan: RunPlan) -> int:
+    """kill -9 the node coordinating source 0's transactions, start it again; its node id."""
+    coordinator = probes.transaction_coordinator(
+        cluster.kafka_bootstrap, plan.names.transactional_id(0)
+    )
+    restart_node(cluster, kill_node(cluster, coordinator))
     return coordinator
 
 
@@ -287,17 +296,13 @@ def test_the_workers_go_on_applying_while_a_leader_of_their_topic_is_down(
     def kill_the_leader(pipeline: Pipeline) -> None:
         wait_for_the_fault_moment(pipeline, 0.2)
         leader = partition_leader(cluster.kafka_bootstrap, plan.names.work_topic, 0)
-        node = KafkaNodeService(cluster, leader)
-        record = process.read_pid_file(node.pid_path)
-        assert record is not None, f"{node.name} is not this module's"
-        assert process.kill(record), f"{node.name} was not running"
         killed = time.monotonic()
-        process.wait_gone(record)
+        node = kill_node(cluster, leader)
         time.sleep(max(0.0, killed + LEADER_FAILOVER_SECONDS - time.monotonic()))
         at_failover = pipeline.progress().processed
         time.sleep(max(0.0, killed + LEADER_DOWN_SECONDS - time.monotonic()))
         applied.append((at_failover, pipeline.progress().processed))
-        assert [s.state for s in manager.acquire(cluster, [node.name])] == ["started"]
+        restart_node(cluster, node)
 
     with shared_spark_run(plan, cluster, spark, during=kill_the_leader) as pipeline:
         summary = pipeline.summary()
@@ -307,5 +312,76 @@ def test_the_workers_go_on_applying_while_a_leader_of_their_topic_is_down(
         f"the workers applied nothing from {LEADER_FAILOVER_SECONDS:.0f} s to "
         f"{LEADER_DOWN_SECONDS:.0f} s after the kill of a leader of their topic "
         f"({at_failover:,} records applied throughout)"
+    )
+    assert_exact_without_restarts(summary, plan)
+
+
+#: From the move of the leaders back to their preferred nodes, when the workers must have
+#: applied more records.
+ELECTION_APPLY_SECONDS = 20.0
+
+
+def wait_in_sync(bootstrap: str, node_id: int, timeout: float = 120.0) -> None:
+    """Wait until node ``node_id`` is in sync on every partition it holds a replica of, the
+    internal topics' included."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    deadline = time.monotonic() + timeout
+    while True:
+        partitions = [
+            p for t in admin.list_topics(timeout=10).topics.values() for p in t.partitions.values()
+        ]
+        behind = [p for p in partitions if node_id in p.replicas and node_id not in p.isrs]
+        if not behind:
+            return
+        assert time.monotonic() < deadline, f"node {node_id} is behind on {len(behind)} partitions"
+        time.sleep(0.5)
+
+
+def elect_preferred_leaders(bootstrap: str) -> None:
+    """What Kafka's controller does every ``leader.imbalance.check.interval.seconds`` when
+    ``auto.leader.rebalance.enable`` is on: every partition led again by its preferred
+    replica, the internal topics' (and so their coordinators) included."""
+    from confluent_kafka import ElectionType
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    admin.elect_leaders(ElectionType.PREFERRED, None).result(timeout=30)
+
+
+def test_the_workers_go_on_applying_when_leaders_move_back_to_their_preferred_nodes(
+    cluster: config.Settings, spark: object
+) -> None:
+    """What happens: the node leading partition 0 of the run's work topic is killed with
+    SIGKILL and started again at once; its partitions (of the run's topics, of the offsets and
+    of the transaction state) are led by the two others meanwhile. Once it is in sync again,
+    every partition's leadership moves back to its preferred replica, as Kafka's controller
+    does on its own five minutes after a node's return. Expected: the workers apply more
+    records within :data:`ELECTION_APPLY_SECONDS` of the move, no stage restarts, and every
+    (key, window) count equals the ground truth."""
+    plan = fault_plan("pkg", "election", records=240_000, workers=4, cpu_cost_us=0)
+    applied: list[tuple[int, int]] = []  # processed at the election, and a while after it
+
+    def move_the_leaders_back(pipeline: Pipeline) -> None:
+        wait_for_the_fault_moment(pipeline, 0.1)
+        leader = partition_leader(cluster.kafka_bootstrap, plan.names.work_topic, 0)
+        restart_node(cluster, kill_node(cluster, leader))
+        wait_in_sync(cluster.kafka_bootstrap, leader)
+        assert partition_leader(cluster.kafka_bootstrap, plan.names.work_topic, 0) != leader
+        at_election = pipeline.progress().processed
+        elected = time.monotonic()
+        elect_preferred_leaders(cluster.kafka_bootstrap)
+        assert partition_leader(cluster.kafka_bootstrap, plan.names.work_topic, 0) == leader
+        time.sleep(max(0.0, elected + ELECTION_APPLY_SECONDS - time.monotonic()))
+        applied.append((at_election, pipeline.progress().processed))
+
+    with shared_spark_run(plan, cluster, spark, during=move_the_leaders_back) as pipeline:
+        summary = pipeline.summary()
+    assert applied, "the leaders did not move"
+    [(at_election, after)] = applied
+    assert after > at_election, (
+        f"the workers applied nothing in the {ELECTION_APPLY_SECONDS:.0f} s after the leaders "
+        f"moved back to their preferred nodes ({at_election:,} records applied before)"
     )
     assert_exact_without_restarts(summary, plan)

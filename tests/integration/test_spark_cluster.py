@@ -22,7 +22,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -125,12 +124,7 @@ REPLACEMENT_SECONDS = 120.0
 
 def executors_on(settings: config.Settings, run_id: str, host: str) -> int:
     """How many executors of run ``run_id`` run on the worker whose host is ``host``."""
-    flag = f"--hostname\0{host}\0".encode()
-    count = 0
-    for pid in spark_standalone.executor_pids(settings, [run_id]):
-        with contextlib.suppress(OSError):  # gone meanwhile
-            count += flag in Path(f"/proc/{pid}/cmdline").read_bytes()
-    return count
+    return len(spark_standalone.executor_pids(settings, [run_id], host=host))
 
 
 def test_kill_9_of_a_spark_worker_under_two_runs_keeps_both_exact(
