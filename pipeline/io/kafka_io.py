@@ -225,9 +225,9 @@ def committed_offset(consumer: Any, partition: Any, timeout: float = 60.0) -> An
 
 #: What a broker answers about a partition whose leader is moving (a broker of a cluster died
 #: or came back): the new leader answers the same request shortly after. ``_UNKNOWN_PARTITION``
-#: is the client's own: a long-lived consumer's metadata can lack a partition whose leader was
-#: the dead broker, and does not ask again by itself: each retry asks for the topic's metadata
-#: (callers know the topic exists).
+#: and ``_TIMED_OUT`` are the client's own: its metadata can lack the partition, or name the
+#: dead leader, which never answers (docs/design.md#spark-pitfalls), and it does not ask again
+#: by itself: each retry asks for the topic's metadata (callers know the topic exists).
 LEADER_MOVING = (
     "NOT_LEADER_FOR_PARTITION",
     "LEADER_NOT_AVAILABLE",
@@ -235,17 +235,21 @@ LEADER_MOVING = (
     "UNKNOWN_LEADER_EPOCH",
     "_TRANSPORT",
     "_UNKNOWN_PARTITION",
+    "_TIMED_OUT",
 )
+#: The longest one ask for offsets waits, so that a dead leader's silence costs one slice.
+OFFSETS_ASK_SECONDS = 5.0
 
 
 def watermark_offsets(
     consumer: Any, partition: Any, timeout: float = 30.0, *, cached: bool = False
 ) -> tuple[int, int]:
-    """``consumer.get_watermark_offsets(partition)`` (low, high), asked again while the
-    partition's leader moves (:data:`LEADER_MOVING`) until ``timeout``; any other error is
-    raised at once."""
+    """``consumer.get_watermark_offsets(partition)`` (low, high), asked in slices of
+    :data:`OFFSETS_ASK_SECONDS` while its leader moves (:data:`LEADER_MOVING`) until ``timeout``."""
     return _asked_until_answered(
-        lambda left: consumer.get_watermark_offsets(partition, timeout=left, cached=cached),
+        lambda left: consumer.get_watermark_offsets(
+            partition, timeout=min(left, OFFSETS_ASK_SECONDS), cached=cached
+        ),
         LEADER_MOVING,
         timeout,
         before_retry=lambda: consumer.list_topics(partition.topic, timeout=5),

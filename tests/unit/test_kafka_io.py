@@ -39,3 +39,53 @@ def test_committed_offset_waits_for_a_coordinator_that_is_not_ready() -> None:
     with pytest.raises(KafkaException):
         committed_offset(stuck, "keys-0", timeout=0.5)
     assert 2 <= stuck.calls < 10
+
+
+class _DeadLeaderConsumer:
+    """Its metadata names a dead leader until it is asked for the topic's: an ask for offsets
+    until then waits out its whole timeout and times out, as librdkafka's does."""
+
+    def __init__(self) -> None:
+        self.refreshed = False
+        self.asks: list[float] = []
+
+    def get_watermark_offsets(
+        self, partition: object, timeout: float, cached: bool
+    ) -> tuple[int, int]:
+        from confluent_kafka import KafkaError, KafkaException
+
+        self.asks.append(timeout)
+        if not self.refreshed:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+        return (0, 42)
+
+    def list_topics(self, topic: str, timeout: float) -> None:
+        self.refreshed = True
+
+
+def test_offsets_are_asked_again_of_a_new_leader_when_the_first_ask_goes_unanswered() -> None:
+    """An ask sent to a leader that died gets no answer: it gives up after a slice of the
+    timeout, and the next one, after a metadata refresh, reaches the new leader."""
+    from confluent_kafka import TopicPartition
+
+    from pipeline.io.kafka_io import OFFSETS_ASK_SECONDS, watermark_offsets
+
+    consumer = _DeadLeaderConsumer()
+    assert watermark_offsets(consumer, TopicPartition("keys", 0), timeout=30) == (0, 42)
+    assert len(consumer.asks) == 2
+    assert all(ask <= OFFSETS_ASK_SECONDS for ask in consumer.asks)
+
+
+def test_offsets_that_no_leader_answers_fail_at_the_timeout() -> None:
+    from confluent_kafka import KafkaException, TopicPartition
+
+    from pipeline.io.kafka_io import watermark_offsets
+
+    class Unanswered(_DeadLeaderConsumer):
+        def list_topics(self, topic: str, timeout: float) -> None:
+            """The cluster has not elected a new leader yet."""
+
+    consumer = Unanswered()
+    with pytest.raises(KafkaException):
+        watermark_offsets(consumer, TopicPartition("keys", 0), timeout=0.5)
+    assert 1 <= len(consumer.asks) < 10
