@@ -18,13 +18,18 @@ from pipeline.io import config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+#: Seconds of offered load per paced run: long enough that, on a busy machine too, the workers
+#: apply records in several micro-batches after the steady state begins (STEADY_FROM of them),
+#: so that each paced run has a steady-state latency to bound.
+PACED_SECONDS = 10.0
+
 
 def test_both_triggers_are_measured_side_by_side(
     settings: config.Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(triggers, "SATURATING_RECORDS", {0.0: 30_000})
     monkeypatch.setattr(triggers, "SETTLE_SECONDS", 0.0)
-    result = triggers.run(costs=(0.0,), schemes=("pkg",), loads=(0.25,), seconds=3.0)
+    result = triggers.run(costs=(0.0,), schemes=("pkg",), loads=(0.25,), seconds=PACED_SECONDS)
     capacities, paced = result.data["capacities"], result.data["paced"]
     assert [c["trigger"] for c in capacities] == list(config.TRIGGERS)
     assert all(c["exact"] and c["capacity"] > 0 for c in capacities)
@@ -34,11 +39,12 @@ def test_both_triggers_are_measured_side_by_side(
         assert np.isclose(run["rate"], 0.25 * capacities[paced.index(run)]["capacity"])
         # Both parts of the way, and their bound, for the records of the steady state.
         assert 0 < run["group_p50_ms"] <= run["group_p99_ms"]
+        assert run["steady_p99_ms"] is not None, f"{run['trigger']}: no steady-state applies"
         assert run["e2e_p99_bound_ms"] >= run["steady_p99_ms"]
     micro, real = paced
     assert micro["e2e_p50_ms"] is None  # a micro-batch's applies carry no offsets: bound only
     # Real-time: every record of the steady state seen applied, its own time measured.
-    records = int(real["rate"] * 3.0)
+    records = int(real["rate"] * PACED_SECONDS)
     assert real["e2e_records"] == records - int(STEADY_FROM * records)
     assert 0 < real["e2e_p50_ms"] <= real["e2e_p99_ms"]
     assert real["e2e_p99_ms"] >= real["group_p99_ms"] / 2
