@@ -19,7 +19,7 @@ from bench.experiment import ExperimentResult
 from bench.soak_checks import figure, markdown, results
 from bench.soak_samples import Sampler
 
-#: Workers per run: the two runs take the cluster's 2 x 4 executor cores.
+#: Workers per run: the two runs take the cluster's 2 x 8 executor cores, half of them spare.
 WORKERS = 4
 SOURCES = 2
 WINDOW_MS = 10_000

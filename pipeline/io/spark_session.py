@@ -236,11 +236,12 @@ def build_spark_session(
 EXECUTOR_MAX_CORES = 4
 
 
-def executor_size(task_count: int) -> int:
+def executor_size(task_count: int, *, spare: bool = False) -> int:
     """Cores of each executor of a run of ``task_count`` tasks on a standalone cluster: the
-    largest divisor of ``task_count`` that is at most half of it and at most
-    :data:`EXECUTOR_MAX_CORES` (1 for a single task), so its tasks run on two executors at
-    least, and its ``spark.cores.max`` of ``task_count`` is a whole number of executors.
+    largest divisor of ``task_count`` that is at most :data:`EXECUTOR_MAX_CORES` and, for a run
+    that asks for its tasks' cores only, at most half of them (1 for a single task), so its
+    cores are whole executors, two at least. A run with ``spare`` cores asks for twice its
+    tasks' (:func:`executor_request`), so executors of up to all its tasks are two already.
 
     Without ``spark.executor.cores`` a standalone master gives an application one executor per
     worker, holding every core it got there: when a worker is lost, the application cannot
@@ -249,11 +250,34 @@ def executor_size(task_count: int) -> int:
 
     >>> [executor_size(t) for t in (1, 2, 3, 4, 6, 8, 12, 20)]
     [1, 1, 1, 2, 3, 4, 4, 4]
+    >>> [executor_size(t, spare=True) for t in (1, 2, 3, 4, 6, 8, 12, 20)]
+    [1, 2, 3, 4, 3, 4, 4, 4]
     """
     if task_count < 1:
         raise ValueError(f"a run has at least one task, got {task_count}")
-    largest = max(1, min(task_count // 2, EXECUTOR_MAX_CORES))
-    return next(c for c in range(largest, 0, -1) if task_count % c == 0)
+    largest = min(task_count if spare else task_count // 2, EXECUTOR_MAX_CORES)
+    return next(c for c in range(max(1, largest), 0, -1) if task_count % c == 0)
+
+
+def executor_request(task_count: int, *, spare: bool) -> dict[str, str]:
+    """The cores a run of ``task_count`` tasks asks of a standalone master, and their size
+    (:func:`executor_size`). With ``spare`` it asks for twice its tasks' cores: the master
+    spreads an application's executors over the workers, so each of two workers holds a core
+    for every task, and when one is lost the other runs every task at once, while the run's
+    lost executors wait for room, which comes back with the lost worker, on another host. A
+    cold executor's first tasks (its JVM and Python workers starting on a busy machine) are
+    then copied by speculation to an executor that is warm, which Spark does only across
+    hosts; without the spare the replacement starts beside the survivors, and every batch
+    waits for its first tasks (docs/design.md#spark-pitfalls).
+
+    >>> executor_request(4, spare=True)
+    {'spark.cores.max': '8', 'spark.executor.cores': '4'}
+    >>> executor_request(4, spare=False)
+    {'spark.cores.max': '4', 'spark.executor.cores': '2'}
+    """
+    cores = task_count * (2 if spare else 1)
+    size = executor_size(task_count, spare=spare)
+    return {"spark.cores.max": str(cores), "spark.executor.cores": str(size)}
 
 
 def submitted_conf(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -282,6 +306,18 @@ def fixed_heap_options(heap: str) -> list[str]:
     ['-Xms1g', '-XX:+AlwaysPreTouch']
     """
     return [f"-Xms{heap}", "-XX:+AlwaysPreTouch"]
+
+
+def executor_java_options(settings: config.Settings, heap: str, master: str) -> list[str]:
+    """A standalone executor's JVM options: its fixed heap (:func:`fixed_heap_options`), and,
+    when every executor runs on this machine, the driver's class archive, which the same JDK
+    maps over the same class path (Spark's jars): a replacement executor, started while the
+    machine is busy with the runs, loads Spark's classes from it instead of the jars. Never a
+    training run's options: only the driver writes the archive."""
+    options = fixed_heap_options(heap)
+    if not _on_this_machine(master) or os.environ.get(CLASS_ARCHIVE_ENV, "").startswith("dump:"):
+        return options
+    return [*options, *class_archive_options(settings)]
 
 
 def driver_java_options(settings: config.Settings, jit: str = "peak") -> list[str]:

@@ -36,12 +36,12 @@ from pipeline.io.probes import spark_status
 from pipeline.io.spark_session import fixed_heap_options
 from pipeline.services.native import NativeService, ServiceError
 
-#: What one worker offers by default: room for every executor of two runs of W = 4 (or of the
-#: demo's W = 8) alone, four executors of 1 GiB each (~520 MiB are resident with their Python
-#: workers). When a worker is lost, the master starts its executors again on the other at once,
-#: instead of leaving the runs short of cores until it is back, and the cores a killed executor
-#: frees go back to its own run, not to whichever run registered first and still waits for
-#: more (the master serves waiting applications in that order).
+#: What one worker offers by default: room for an executor of each of two runs of W = 4 with
+#: their spare cores (or of the demo's W = 8), four executors of 1 GiB each (~520 MiB are
+#: resident with their Python workers). A run in micro-batches asks for twice its tasks' cores
+#: (:func:`pipeline.io.spark_session.executor_request`): when a worker is lost, the other
+#: already has a core for every task, and the lost executors start again on the worker that
+#: comes back, where speculation can copy their slow first tasks to the warm ones.
 DEFAULT_WORKER_CORES = 8
 DEFAULT_WORKER_MEMORY = "4g"
 #: The master's and each worker's own heap (``SPARK_DAEMON_MEMORY``, Spark's default 1 GiB):

@@ -484,17 +484,17 @@ def job_session(options: WorkOptions) -> SparkSession:
     (the cost model runs a micro-batch's tasks side by side); a session that has too few is
     stopped again before :class:`WorkerConfigError` says so.
 
-    On a standalone master the job asks for exactly those cores (``spark.cores.max``): an
-    application without it takes every core of the cluster, although a micro-batch never
-    runs more than its tasks at once, and other jobs (another run's workers) would wait; in
-    executors of :func:`~pipeline.io.spark_session.executor_size` cores, with a fixed heap
-    of :data:`CLUSTER_JVM_HEAP`. ``spark-submit``'s own settings win."""
+    On a standalone master the job asks for those cores, twice as many in micro-batches (spare
+    ones on another host for speculation's copies), in executors of a fixed heap
+    (:func:`~pipeline.io.spark_session.executor_request`, :data:`CLUSTER_JVM_HEAP`): without
+    ``spark.cores.max`` it would take every core of the cluster, and another run's workers
+    would wait. ``spark-submit``'s own settings win."""
     from pipeline.io.artifacts import ArtifactError, ensure_realtime_writer
     from pipeline.io.spark_session import (
         SparkClusterError,
         build_spark_session,
-        executor_size,
-        fixed_heap_options,
+        executor_java_options,
+        executor_request,
         require_executor_cores,
         submitted_conf,
     )
@@ -505,23 +505,24 @@ def job_session(options: WorkOptions) -> SparkSession:
         master = f"local[{slots},{TASK_ATTEMPTS}]"
     given = submitted_conf()
     heap = given.get("spark.executor.memory", CLUSTER_JVM_HEAP)
+    settings = config.load()
+    # A real-time writer runs in the JVM: its jar instead of the Python workers' daemon.
+    real_time = options.trigger == REAL_TIME
+    speculation = {} if real_time or is_local(master) else SPECULATION
+    java_options = " ".join(executor_java_options(settings, heap, master))
     standalone = (
         {
-            "spark.cores.max": str(options.task_count),
-            "spark.executor.cores": str(executor_size(options.task_count)),
-            # A fixed heap, touched at start: an executor's memory is what it will be, and
-            # one whose RSS grows has a leak to look for (its off-heap part).
+            # Spare cores serve speculation only: a real-time task runs for the whole batch.
+            **executor_request(options.task_count, spare=bool(speculation)),
+            # A fixed heap, touched at start: an executor whose RSS grows has a leak off-heap.
             "spark.executor.memory": heap,
-            "spark.executor.extraJavaOptions": " ".join(fixed_heap_options(heap)),
+            "spark.executor.extraJavaOptions": java_options,
         }
         if master.startswith("spark://")
         else {}
     )
     standalone = {key: value for key, value in standalone.items() if key not in given}
-    # A real-time writer runs in the JVM: its jar instead of the Python workers' daemon.
-    real_time = options.trigger == REAL_TIME
     daemon = {} if real_time else {"spark.python.daemon.module": PYTHON_DAEMON_MODULE}
-    speculation = {} if real_time or is_local(master) else SPECULATION
     try:
         writer_jars = [ensure_realtime_writer()] if real_time else []
     except ArtifactError as error:
@@ -536,7 +537,6 @@ def job_session(options: WorkOptions) -> SparkSession:
         driver_heap=CLUSTER_JVM_HEAP if standalone else None,
     )
     try:
-        settings = config.load()
         own_master = master == settings.spark_standalone_url
         require_executor_cores(
             spark,

@@ -9,10 +9,10 @@ answer, are refused at start with one line and exit 2, and the refused session i
 the master (nothing left half-started).
 
 Two fault tests kill a part of the cluster (a worker; an executor) with SIGKILL mid-run, each
-while two runs share the cluster (each asks for its tasks' cores only, ``spark.cores.max``): one
+while two runs share the cluster (each asks for a share of it, ``spark.cores.max``): one
 under pkg, one under mixed with a migration in flight, the executor's with the mixed run in
-Spark's Real-Time Mode; a third stops an executor for a while (SIGSTOP); each is described in
-its docstring.
+Spark's Real-Time Mode; a third stops an executor for a while (SIGSTOP), and checks that
+executors map the driver's class archive; each is described in its docstring.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +37,7 @@ from live_runs import (
 
 from pipeline.cli import app
 from pipeline.io import config
+from pipeline.io.spark_session import class_archive_path
 from pipeline.runs.orchestrator import Pipeline, start_together
 from pipeline.services import manager, process, spark_standalone
 from pipeline.services.spark_standalone import SparkWorkerService
@@ -113,18 +115,32 @@ def two_runs_on(
     master: str, settings: config.Settings, tag: str, **fields: Any
 ) -> contextlib.AbstractContextManager[list[Pipeline]]:
     """:func:`live_runs.two_runs_at_the_fault_moment` on the cluster, W = 4 each, so each
-    asks for 4 of its 16 cores, in two executors of 2 (``fields``: more of its arguments)."""
+    asks for 8 of its 16 cores (its 4 tasks' and as many spare), in two executors of 4, one
+    on each worker (``fields``: more of its arguments)."""
     return two_runs_at_the_fault_moment(settings, tag, spark_master=master, workers=4, **fields)
 
 
-#: How long a lost worker's executors may take to be started again on the other worker (their
-#: JVMs start on a machine busy with two runs).
+#: How long a lost worker's executors may take to start again once it is back (their JVMs
+#: start on a machine busy with a run).
 REPLACEMENT_SECONDS = 120.0
+#: How long the runs go on without worker 1 before it is started again.
+WORKER_DOWN_SECONDS = 20.0
+#: How long a replacement's first micro-batches are watched: its JVM and Python workers take
+#: tens of seconds to start on a busy machine, and its first tasks as long again.
+COLD_EXECUTOR_SECONDS = 30.0
 
 
 def executors_on(settings: config.Settings, run_id: str, host: str) -> int:
     """How many executors of run ``run_id`` run on the worker whose host is ``host``."""
     return len(spark_standalone.executor_pids(settings, [run_id], host=host))
+
+
+def applied_while(pipeline: Pipeline, seconds: float) -> tuple[int, int]:
+    """Records produced and records applied by ``pipeline`` over the next ``seconds``."""
+    before = pipeline.progress()
+    time.sleep(seconds)
+    after = pipeline.progress()
+    return after.produced - before.produced, after.processed - before.processed
 
 
 def test_kill_9_of_a_spark_worker_under_two_runs_keeps_both_exact(
@@ -135,32 +151,53 @@ def test_kill_9_of_a_spark_worker_under_two_runs_keeps_both_exact(
     mixed on a drifting stream), while the mixed run has a migration in flight (the controller
     published a table and keys' state moves between workers) and the pkg run has micro-batches
     in flight. Recovery expected: each run's Spark re-runs its lost tasks on its executor on
-    worker 2 (the apply is idempotent per worker and batch, so a task that had applied is
-    skipped), and the master starts each run's lost executor again on worker 2 while worker 1
-    is still down (a worker has room for every executor of both runs, and a run's executors
-    are of a fixed size, so it may have two on one worker); then worker 1 is started again;
-    the migration completes. No stage of either run restarts, and every (key, window) count
-    of each equals its ground truth."""
+    worker 2, which has a core for every task (a run asks for twice its tasks' cores), and
+    the apply is idempotent per worker and batch, so a task that had applied is skipped; the
+    runs go on there, applying at least half of what is produced, with no second executor on
+    worker 2 (it is full: a replacement there would start beside the survivor, and its slow
+    first tasks could not be copied, as Spark copies only to another host). Then worker 1 is
+    started again; the longer pkg run gets its executor back there, and over its first
+    :data:`COLD_EXECUTOR_SECONDS` the run still applies half of what is produced (the cold
+    executor's slow first tasks are copied to worker 2). The migration completes. No stage of
+    either run restarts, and every (key, window) count of each equals its ground truth."""
     worker = SparkWorkerService(settings, 1)
     record = process.read_pid_file(worker.pid_path)
     if record is None:
         pytest.skip("the Spark workers are not this checkout's (started by someone else)")
-    with two_runs_on(whole_cluster, settings, "spark-worker") as pipelines:
+    # Both streams (100 s) outlast the worker's absence and its executors' return, so worker 2
+    # stays full while worker 1 is down, as in a soak.
+    with two_runs_on(whole_cluster, settings, "spark-worker", records=300_000) as pipelines:
+        pkg = pipelines[0]
+        survivor, lost = (spark_standalone.worker_host(settings, i) for i in (2, 1))
+        assert executors_on(settings, pkg.plan.run_id, lost) == 1, "one executor on worker 1"
         assert process.kill(record), "spark-worker-1 was not running"
         # Reaped before the restart, so its web UI port is free for the new worker.
         assert process.wait_gone(record, timeout=10), "the killed worker is still there"
-        host = spark_standalone.worker_host(settings, 2)
-        deadline = time.monotonic() + REPLACEMENT_SECONDS
-        while not all(executors_on(settings, p.plan.run_id, host) == 2 for p in pipelines):
-            assert time.monotonic() < deadline, (
-                f"the runs' lost executors were not started again on worker 2 within "
-                f"{REPLACEMENT_SECONDS:.0f} s (each run's on it: "
-                f"{[executors_on(settings, p.plan.run_id, host) for p in pipelines]})"
-            )
-            time.sleep(0.5)
+        produced, applied = applied_while(pkg, WORKER_DOWN_SECONDS)
+        assert applied >= produced / 2, (
+            f"{applied:,} records applied in the {WORKER_DOWN_SECONDS:.0f} s after worker 1 "
+            f"was lost, of {produced:,} produced meanwhile"
+        )
+        on_survivor = [executors_on(settings, p.plan.run_id, survivor) for p in pipelines]
+        assert on_survivor == [1, 1], (
+            f"each run's executors on worker 2: {on_survivor} (one each expected, no replacement)"
+        )
         # A lease, not `up`: `up` adopts what it starts, and the worker would outlive the tests.
         states = manager.acquire(settings, [worker.name])
         assert [s.state for s in states] == ["started"]
+        deadline = time.monotonic() + REPLACEMENT_SECONDS
+        while executors_on(settings, pkg.plan.run_id, lost) == 0:
+            assert time.monotonic() < deadline, (
+                f"pkg's lost executor was not started again on worker 1 within "
+                f"{REPLACEMENT_SECONDS:.0f} s of its restart"
+            )
+            time.sleep(0.5)
+        produced, applied = applied_while(pkg, COLD_EXECUTOR_SECONDS)
+        assert produced > 0, "the pkg stream ended before its executor came back"
+        assert applied >= produced / 2, (
+            f"{applied:,} records applied in the {COLD_EXECUTOR_SECONDS:.0f} s after pkg's "
+            f"executor started again on worker 1, of {produced:,} produced meanwhile"
+        )
         for pipeline in pipelines:
             check_exact_without_restarts(pipeline)
 
@@ -209,6 +246,11 @@ def test_a_stopped_executors_tasks_are_copied_to_the_other_worker_and_the_run_st
         wait_for(pipeline, lambda p: p.processed >= plan.records // 5, "a fifth processed")
         victims = spark_standalone.executor_pids(settings, [plan.run_id])
         assert len(victims) == 2, f"two executors expected, found {victims}"
+        archive = class_archive_path(settings)
+        assert archive is not None and archive.is_file(), "no driver class archive"
+        for pid in victims:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+            assert str(archive) in maps, f"executor {pid} does not map {archive}"
         os.kill(victims[0], signal.SIGSTOP)
         try:
             before = pipeline.progress()
