@@ -3,8 +3,9 @@ the kills and restarts themselves, on the cluster services and the stages of run
 
 Each fault kills one process with SIGKILL, keeps it down for :data:`DOWN_SECONDS`, and starts
 it again the way docs/cluster.md says (a service with ``skewer services up NAME``, a stage with
-its own arguments); an executor is restarted by Spark itself, a Redis primary is replaced by the
-sentinels' failover before the dead one comes back as a replica (docs/performance.md#the-soak).
+its own arguments); an executor is restarted by Spark itself (restarted once its replacement has
+registered with the driver), a Redis primary is replaced by the sentinels' failover before the
+dead one comes back as a replica (docs/performance.md#the-soak).
 
 Example (the same seed, the same schedule):
     >>> faults = schedule(6, 300.0, seed=7)
@@ -42,6 +43,12 @@ KINDS = (
 )
 #: Seconds a killed process stays down before it is started again.
 DOWN_SECONDS = 3.0
+#: How long an executor fault waits for Spark's replacement executor to register with its
+#: driver (its JVM starts on a busy machine), which is when the fault counts as restarted.
+REPLACEMENT_SECONDS = 180.0
+#: What an executor writes to its stderr (in its work directory, its current directory) once
+#: its driver has accepted it: from then on it takes tasks.
+REGISTERED = b"Successfully registered with driver"
 #: How long a controller fault waits for a table's publication, to strike in its migration.
 MIGRATION_WAIT_SECONDS = 20.0
 #: Of the faults after the first, the share that strikes together with the one before it, and
@@ -210,7 +217,7 @@ class Injector:
             action(fault, struck)
         except Exception as error:  # recorded: the soak's result names it
             struck.error = f"{type(error).__name__}: {error}"
-        restarted = "Spark starts another" if fault.kind == "executor" else "restarted"
+        restarted = "its replacement registered" if fault.kind == "executor" else "restarted"
         what = struck.skipped or struck.error or f"{restarted} at {struck.restarted_s} s"
         self.log(
             f"fault at {struck.killed_s or self.now()} s: {fault.kind} {struck.target}: {what}"
@@ -284,7 +291,16 @@ class Injector:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         self._killed(struck, f"executor {pid} of {pipeline.plan.run_id}")
-        self._restarted(struck)  # Spark's master starts another on a worker with free cores
+        # Spark's master starts another on a worker with free cores; the run is back at full
+        # strength once it has registered with the driver, and its cold first tasks come then.
+        deadline = time.monotonic() + REPLACEMENT_SECONDS
+        while time.monotonic() < deadline:
+            fresh = set(executor_pids(self.settings, [pipeline.plan.run_id])) - set(pids)
+            if any(registered_with_driver(p) for p in fresh):
+                self._restarted(struck)
+                return
+            time.sleep(0.5)
+        struck.details["replacement"] = f"none registered within {REPLACEMENT_SECONDS:g} s"
 
     def _redis_primary(self, fault: Fault, struck: Struck) -> None:
         from pipeline.io import redis_client
@@ -399,6 +415,15 @@ class Injector:
             self.serve()
             time.sleep(0.05)
         self.serve()
+
+
+def registered_with_driver(pid: int) -> bool:
+    """Whether executor ``pid`` has registered with its driver (:data:`REGISTERED` in the
+    ``stderr`` of its work directory); False once it is gone."""
+    try:
+        return REGISTERED in (Path(f"/proc/{pid}/cwd") / "stderr").read_bytes()
+    except OSError:
+        return False
 
 
 def _published_migration(plane: Any, timeout: float, details: dict[str, Any]) -> int | None:

@@ -24,8 +24,12 @@ REFERENCE = 1 / 6
 #: A fault's stage or service is back when the lag is at most its level before the fault
 #: (the highest of the :data:`LAG_BEFORE_SECONDS` before the kill) ...
 LAG_BEFORE_SECONDS = 30.0
-#: ... within this many seconds of its restart.
+#: ... within this many seconds of its restart ...
 LAG_RECOVERY_SECONDS = 30.0
+#: ... and stays there this long: a cold executor's slow micro-batches let the lag dip under its
+#: level between two of them. Longer holds fail at moments without a fault, where the lag's own
+#: swings between micro-batches and migrations exceed the highest of any 30 s now and then.
+LAG_HOLD_SECONDS = 3.0
 #: p99 outside the faults within this factor of the first ``REFERENCE`` of the soak's.
 P99_FACTOR = 1.5
 #: RSS of a process at the end within this factor of its RSS at the reference moment.
@@ -69,9 +73,9 @@ def latency_quantile_of(histograms: Sequence[Mapping[int, int]], q: float) -> fl
 def fault_windows(
     struck: Sequence[chaos.Struck], recovery: Mapping[int, float | None]
 ) -> list[tuple[float, float]]:
-    """Seconds from each fault's kill to the lag's recovery after its restart (its kill, for
-    an executor; :func:`lag_recovery`), or to the restart if the lag never recovered, plus
-    :data:`FAULT_TAIL_SECONDS`."""
+    """Seconds from each fault's kill to the lag's recovery after its restart (for an executor,
+    its replacement's registration with the driver; :func:`lag_recovery`), or to the restart
+    if the lag never recovered, plus :data:`FAULT_TAIL_SECONDS`."""
     windows = []
     for i, s in enumerate(struck):
         if s.killed_s is None:
@@ -84,9 +88,12 @@ def fault_windows(
 def lag_recovery(
     samples: Sequence[Sample], struck: Sequence[chaos.Struck], runs: int
 ) -> dict[int, float | None]:
-    """Per fault, seconds from its restart (its kill, for an executor) until every run's lag was
-    back at most at its level before the fault (the highest of the :data:`LAG_BEFORE_SECONDS`
-    before the kill); None if it never was before the end."""
+    """Per fault, seconds from its restart (for an executor, when Spark's replacement registered
+    with its driver and took its share of the tasks, cold; its kill if none did) until every
+    run's lag was back at most at its level before the fault (the highest of the
+    :data:`LAG_BEFORE_SECONDS` before the kill) and stayed there for :data:`LAG_HOLD_SECONDS`
+    (a lag that dips under its level between two slow micro-batches is not back); None if it
+    never was before the end."""
     recovery: dict[int, float | None] = {}
     for i, s in enumerate(struck):
         if s.killed_s is None:
@@ -97,14 +104,20 @@ def lag_recovery(
         for run in range(runs):
             lags = [lag for x in before if (lag := x.lag(run)) is not None]
             levels.append(max(lags) if lags else math.inf)
-        recovery[i] = None
-        for x in samples:
-            if x.t_s < back:
-                continue
+
+        def within(x: Sample, levels: list[float] = levels) -> bool | None:
+            """Every run's lag at most its level; None if a run's lag is unknown."""
             lags = [x.lag(run) for run in range(runs)]
-            if all(
-                lag is not None and lag <= level for lag, level in zip(lags, levels, strict=True)
-            ):
+            if any(lag is None for lag in lags):
+                return None
+            return all(lag <= level for lag, level in zip(lags, levels, strict=True))
+
+        after = [x for x in samples if x.t_s >= back]
+        recovery[i] = None
+        for j, x in enumerate(after):
+            until = x.t_s + LAG_HOLD_SECONDS
+            held = itertools.takewhile(lambda y, until=until: y.t_s <= until, after[j:])
+            if within(x) and all(within(y) is not False for y in held):
                 recovery[i] = round(x.t_s - back, 3)
                 break
     return recovery

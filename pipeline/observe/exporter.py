@@ -13,8 +13,8 @@ child processes: prometheus-client's multiprocess mode (``multiprocess=True``), 
 for all. See docs/metrics.md.
 
 Example:
-    >>> target_document("0.0.0.0", 9464, "group")
-    [{'targets': ['127.0.0.1:9464'], 'labels': {'stage': 'group'}}]
+    >>> target_document("0.0.0.0", 9464, "group", "r-1")[0]["labels"]
+    {'stage': 'group', 'instance': '127.0.0.1/group/r-1'}
     >>> resolve_port(None, {"SKEWER_METRICS_PORT": "-1"})
     -1
 """
@@ -130,12 +130,17 @@ def linger_seconds(environ: Mapping[str, str] | None = None) -> float:
         raise MetricsError(f"{ENV_METRICS_LINGER}={text!r} is not a number of seconds") from None
 
 
-def target_document(host: str, port: int, stage: str) -> list[dict[str, Any]]:
-    """The file_sd content of one exporter: where Prometheus scrapes it, and its stage."""
+def target_document(host: str, port: int, stage: str, run_id: str) -> list[dict[str, Any]]:
+    """The file_sd content of one exporter: where Prometheus scrapes it, its stage, and an
+    ``instance`` that names the stage of the run on its host rather than its port: a stage
+    started again (after a crash) serves on another free port, and with the port as instance
+    every restart would begin new series, which Prometheus keeps in memory until its head
+    block is compacted (hours) and which break every panel's lines at the restart."""
     scrape_host = DEFAULT_HOST if host in ("", "0.0.0.0", "::") else host
     if ":" in scrape_host:  # an IPv6 address
         scrape_host = f"[{scrape_host}]"
-    return [{"targets": [f"{scrape_host}:{port}"], "labels": {"stage": stage}}]
+    labels = {"stage": stage, "instance": f"{scrape_host}/{stage}/{run_id}"}
+    return [{"targets": [f"{scrape_host}:{port}"], "labels": labels}]
 
 
 def target_path(targets_dir: Path, stage: str, run_id: str, pid: int) -> Path:
@@ -260,7 +265,8 @@ class Exporter:
     def url(self) -> str | None:
         if self.server is None:
             return None
-        return f"http://{target_document(self.host, self.port or 0, self.stage)[0]['targets'][0]}"
+        document = target_document(self.host, self.port or 0, self.stage, self.labels.run)
+        return f"http://{document[0]['targets'][0]}"
 
     def register(self, collector: Any) -> None:
         """Serve ``collector`` too (closed with the exporter, if it has ``close``)."""
@@ -275,7 +281,7 @@ class Exporter:
         remove_stale_targets(directory)
         path = target_path(directory, self.stage, self.labels.run, os.getpid())
         temporary = directory / f".{path.name}.tmp"
-        document = target_document(self.host, self.port or 0, self.stage)
+        document = target_document(self.host, self.port or 0, self.stage, self.labels.run)
         temporary.write_text(json.dumps(document) + "\n")
         temporary.replace(path)
         self.target_path = path

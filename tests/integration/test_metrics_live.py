@@ -187,6 +187,9 @@ def test_every_stage_exports_and_prometheus_agrees_with_redis(
     records = last(f'skewer_worker_records_total{{run="{run}"}}')
     assert _by(records, "worker") == {w: float(loads[int(w)]) for w in workers}
     assert {labels["stage"] for labels, _ in records} == {"work"}
+    # Named by host, stage and run, not by the stage's free port: one started again after a
+    # crash goes on with the same series.
+    assert {labels["instance"] for labels, _ in records} == {f"127.0.0.1/work/{run}"}
     assert _by(last(f'skewer_grouping_routed_total{{run="{run}"}}'), "worker") == {
         w: float(routed[w]) for w in workers
     }

@@ -497,13 +497,22 @@ def test_batch_metric_updates_cost_microseconds_not_per_record() -> None:
 
 
 def test_target_document_and_path(tmp_path: Path) -> None:
-    assert exporter_module.target_document("127.0.0.1", 4321, "work") == [
-        {"targets": ["127.0.0.1:4321"], "labels": {"stage": "work"}}
+    assert exporter_module.target_document("127.0.0.1", 4321, "work", "r-1") == [
+        {
+            "targets": ["127.0.0.1:4321"],
+            "labels": {"stage": "work", "instance": "127.0.0.1/work/r-1"},
+        }
     ]
-    assert exporter_module.target_document("0.0.0.0", 9464, "group")[0]["targets"] == [
+    assert exporter_module.target_document("0.0.0.0", 9464, "group", "r-1")[0]["targets"] == [
         "127.0.0.1:9464"
     ]
-    assert exporter_module.target_document("::1", 1, "group")[0]["targets"] == ["[::1]:1"]
+    assert exporter_module.target_document("::1", 1, "group", "r-1")[0]["targets"] == ["[::1]:1"]
+    # A stage started again serves on another port: its series stay the same ones.
+    again = exporter_module.target_document("127.0.0.1", 5555, "work", "r-1")
+    assert (
+        again[0]["labels"]
+        == exporter_module.target_document("127.0.0.1", 4321, "work", "r-1")[0]["labels"]
+    )
     assert (
         exporter_module.target_path(tmp_path, "group", "r-1", 42) == tmp_path / "group-r-1-42.json"
     )
@@ -530,7 +539,10 @@ def test_exporter_serves_writes_its_target_and_cleans_up(settings: config.Settin
         target = settings.prometheus_targets_dir / f"produce-e-unit-{os.getpid()}.json"
         assert exporter.target_path == target
         assert json.loads(target.read_text()) == [
-            {"targets": [f"127.0.0.1:{exporter.port}"], "labels": {"stage": "produce"}}
+            {
+                "targets": [f"127.0.0.1:{exporter.port}"],
+                "labels": {"stage": "produce", "instance": "127.0.0.1/produce/e-unit"},
+            }
         ]
         samples = _samples(_get(f"{exporter.url}/metrics"), "e-unit")
         assert samples[("skewer_producer_records_total", (("producer", "0"),))] == 4

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,34 @@ def test_the_lag_is_back_when_it_is_at_most_its_highest_before_the_kill() -> Non
     assert soak_checks.lag_recovery(samples, struck, runs=1) == {0: 15.0}
     never = samples[:45]
     assert soak_checks.lag_recovery(never, struck, runs=1) == {0: None}
+
+
+def test_a_lag_that_dips_under_its_level_and_rises_again_is_not_back() -> None:
+    """A cold executor's slow micro-batches: the lag falls under its level after each one and
+    climbs again during the next, until the executor is warm."""
+    samples = [sample(t, 1000 * t, 1000 * t - 500) for t in range(0, 40)]  # lag 500
+    sawtooth = {t: 300 if t % 6 == 0 else 3000 for t in range(40, 70)}  # dips at 42, 48, .., 66
+    samples += [sample(t, 1000 * t, 1000 * t - lag) for t, lag in sawtooth.items()]
+    samples += [sample(t, 1000 * t, 1000 * t - 400) for t in range(70, 90)]
+    struck = [chaos.Struck(chaos.Fault(40.0, "executor", 0), "executor 1", 40.0, 41.0)]
+    assert soak_checks.lag_recovery(samples, struck, runs=1) == {0: 29.0}  # from t = 70 on
+
+
+def test_an_executor_counts_as_registered_once_its_stderr_says_so(tmp_path: Path) -> None:
+    """An executor's stderr is in its work directory, its current directory; a replacement
+    executor fault is restarted when the line appears, not when the JVM starts."""
+    stderr = tmp_path / "stderr"
+    stderr.write_bytes(b"Spark Executor Command: java ...\n")
+    executor = subprocess.Popen(["sleep", "30"], cwd=tmp_path)
+    try:
+        assert not chaos.registered_with_driver(executor.pid)
+        with stderr.open("ab") as out:
+            out.write(b"INFO CoarseGrainedExecutorBackend: " + chaos.REGISTERED + b"\n")
+        assert chaos.registered_with_driver(executor.pid)
+    finally:
+        executor.kill()
+        executor.wait()
+    assert not chaos.registered_with_driver(executor.pid)  # gone
 
 
 def test_a_process_s_growth_is_from_the_reference_to_its_last_sample() -> None:
