@@ -218,7 +218,12 @@ class Injector:
         except Exception as error:  # recorded: the soak's result names it
             struck.error = f"{type(error).__name__}: {error}"
         restarted = "its replacement registered" if fault.kind == "executor" else "restarted"
-        what = struck.skipped or struck.error or f"{restarted} at {struck.restarted_s} s"
+        what = (
+            struck.skipped
+            or struck.error
+            or struck.details.get("replacement")
+            or f"{restarted} at {struck.restarted_s} s"
+        )
         self.log(
             f"fault at {struck.killed_s or self.now()} s: {fault.kind} {struck.target}: {what}"
         )
