@@ -332,10 +332,12 @@ class Injector:
         """kill -9 one source process of a grouping stage: the stage starts it again
         (:func:`pipeline.stages.grouping.run_sources`), and it resumes at its committed offset.
         A stage that fails instead is started again with its own arguments."""
+        from pipeline.services.process import child_pids
+
         run = fault.pick % len(self.pipelines)
         pipeline = self.pipelines[run]
         stage = pipeline.stages["group"]
-        sources = _children(stage.process.pid, b"spawn_main")  # not its resource tracker
+        sources = child_pids(stage.process.pid, b"spawn_main")  # not its resource tracker
         if stage.exit_code() is not None or not sources:
             struck.skipped = "the grouping stage is not running"
             return
@@ -348,7 +350,7 @@ class Injector:
             self._killed(struck, f"group source {victim} of {pipeline.plan.run_id}")
             deadline = time.monotonic() + 30
             while stage.exit_code() is None and time.monotonic() < deadline:
-                now = _children(stage.process.pid, b"spawn_main")
+                now = child_pids(stage.process.pid, b"spawn_main")
                 if len(now) == len(sources) and victim not in now:
                     self._restarted(struck)  # by its stage
                     return
@@ -459,21 +461,3 @@ def _spark_workers(settings: Any) -> list[int]:
         for s in manager.native_services(settings, ["spark"])
         if isinstance(s, SparkWorkerService)
     ]
-
-
-def _children(pid: int, command_has: bytes) -> list[int]:
-    """The pids of ``pid``'s child processes whose command line holds ``command_has``."""
-    from pipeline.services import process
-
-    children = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        fields = process.stat_fields(int(entry.name))  # [1]: the parent
-        try:
-            command = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if fields is not None and int(fields[1]) == pid and command_has in command:
-            children.append(int(entry.name))
-    return sorted(children)

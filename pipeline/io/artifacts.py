@@ -5,8 +5,9 @@
 - Spark's Kafka source, Apache's ``spark-sql-kafka-0-10`` at exactly PySpark's version, and
   Redis's Java client, with what PySpark's own jars lack (deploy/spark/pom.xml), into
   ``.cache/spark-jars``: every Spark session puts them in ``spark.jars``.
-- The real-time workers' writer (jvm/realtime-writer), compiled by the JDK's ``javac`` against
-  those jars and PySpark's into one jar, when a real-time run first needs it.
+- The real-time workers' writer (jvm/realtime-writer) and the executors' warm-up plugin
+  (jvm/executor-warmup), each compiled by the JDK's ``javac`` against those jars and
+  PySpark's into one jar, when a run first needs it.
 
 Maven's local repository lives in the cache too, so one ``rm -rf .cache`` is a cold start, and
 the Docker image build reuses the same call (``skewer services install``).
@@ -132,24 +133,43 @@ def ensure_spark_jars(settings: Settings | None = None) -> list[Path]:
 # up / down / status
 
 
+#: The Java sources skewer compiles on first use, one folder per jar.
+JVM_SOURCES = config.PROJECT_ROOT / "jvm"
 #: The Java sources of the real-time workers' writer (pipeline.stages.worker_job).
-REALTIME_WRITER_SOURCES = config.PROJECT_ROOT / "jvm" / "realtime-writer" / "src" / "main" / "java"
+REALTIME_WRITER_SOURCES = JVM_SOURCES / "realtime-writer" / "src" / "main" / "java"
+#: The Java sources of the executors' warm-up plugin (pipeline.stages.worker_job).
+EXECUTOR_WARMUP_SOURCES = JVM_SOURCES / "executor-warmup" / "src" / "main" / "java"
 
 
 def ensure_realtime_writer(settings: Settings | None = None) -> Path:
-    """The writer's jar, compiled once per version of its sources and of the jars it uses.
+    """The real-time workers' writer's jar (:func:`ensure_compiled`)."""
+    settings = settings or config.load()
+    return ensure_compiled(
+        settings, REALTIME_WRITER_SOURCES, settings.realtime_writer_jar, "the real-time writer"
+    )
+
+
+def ensure_executor_warmup(settings: Settings | None = None) -> Path:
+    """The executors' warm-up plugin's jar (:func:`ensure_compiled`)."""
+    settings = settings or config.load()
+    return ensure_compiled(
+        settings, EXECUTOR_WARMUP_SOURCES, settings.executor_warmup_jar, "the executor warm-up"
+    )
+
+
+def ensure_compiled(settings: Settings, source_dir: Path, jar_path: Path, what: str) -> Path:
+    """The jar of the Java sources under ``source_dir``, compiled against PySpark's jars and
+    Spark's Kafka source once per version of its sources and of those jars.
 
     ``javac`` and ``jar`` are the JDK's own; like :func:`_maven_copy`, a marker holds a digest
-    of the inputs, so an unchanged writer costs nothing."""
-    settings = settings or config.load()
+    of the inputs, so an unchanged jar costs nothing."""
     classpath = [*sorted((_pyspark_home() / "jars").glob("*.jar")), *ensure_spark_jars(settings)]
-    sources = sorted(REALTIME_WRITER_SOURCES.rglob("*.java"))
+    sources = sorted(source_dir.rglob("*.java"))
     digest = hashlib.sha256()
     for path in sources:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     for jar in classpath:
         digest.update(jar.name.encode() + b"\0")
-    jar_path = settings.realtime_writer_jar
     marker = jar_path.with_suffix(".sha256")
 
     def built() -> bool:
@@ -161,17 +181,17 @@ def ensure_realtime_writer(settings: Settings | None = None) -> Path:
 
     if built():
         return jar_path
-    with file_lock.exclusive(settings.run_dir / "realtime-writer.lock"):
+    with file_lock.exclusive(settings.run_dir / f"{jar_path.stem}.lock"):
         if not built():  # another process may have compiled it while this one waited
-            _compile_writer(jar_path, classpath, sources)
+            _compile(jar_path, classpath, sources, what)
             marker.write_text(digest.hexdigest() + "\n")
     return jar_path
 
 
-def _compile_writer(jar_path: Path, classpath: Sequence[Path], sources: Sequence[Path]) -> None:
+def _compile(jar_path: Path, classpath: Sequence[Path], sources: Sequence[Path], what: str) -> None:
     javac, jar_tool = shutil.which("javac"), shutil.which("jar")
     if javac is None or jar_tool is None:
-        raise ArtifactError("the real-time writer: javac is not installed; run `make install`")
+        raise ArtifactError(f"{what}: javac is not installed; run `make install`")
     classes = jar_path.parent / "classes"
     shutil.rmtree(classes, ignore_errors=True)
     classes.mkdir(parents=True)
@@ -182,6 +202,6 @@ def _compile_writer(jar_path: Path, classpath: Sequence[Path], sources: Sequence
     result = subprocess.run(compile_command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         first = (result.stderr.strip().splitlines() or ["no output"])[0]
-        raise ArtifactError(f"the real-time writer did not compile: {first}")
+        raise ArtifactError(f"{what} did not compile: {first}")
     subprocess.run([jar_tool, "--create", "--file", str(jar_path), "-C", str(classes), "."],
                    check=True)  # fmt: skip

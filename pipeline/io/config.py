@@ -393,6 +393,11 @@ class Settings:
         return self.cache_dir / "realtime-writer" / "skewer-realtime-writer.jar"
 
     @property
+    def executor_warmup_jar(self) -> Path:
+        """The executors' warm-up plugin (jvm/executor-warmup), compiled here on first use."""
+        return self.cache_dir / "executor-warmup" / "skewer-executor-warmup.jar"
+
+    @property
     def prometheus_targets_dir(self) -> Path:
         """Where each stage's exporter writes its file_sd target file and the native Prometheus
         looks for them."""

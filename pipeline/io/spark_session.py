@@ -196,10 +196,7 @@ def build_spark_session(
     small job schedule 200 tasks. The driver binds to 127.0.0.1 like every other service when
     all executors are on this machine (module docstring).
     """
-    # The Python workers must be this interpreter (the project's virtualenv), not "python3".
-    import sys
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    executor_python()
     loopback = _on_this_machine(master)
     if loopback:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -230,6 +227,17 @@ def build_spark_session(
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+def executor_python(environ: Mapping[str, str] | None = None) -> str:
+    """The Python the executors run: ``PYSPARK_PYTHON`` of ``environ`` (this process's
+    environment by default, where it is set to this interpreter, the project's virtualenv,
+    unless given: PySpark's own default is ``python3``)."""
+    import sys
+
+    if environ is None:
+        return os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return environ.get("PYSPARK_PYTHON", sys.executable)
 
 
 #: The most cores of one executor on a standalone cluster (:func:`executor_size`).

@@ -48,6 +48,22 @@ def stat_fields(pid: int) -> list[str] | None:
     return None if fields[0] in ("Z", "X") else fields
 
 
+def child_pids(pid: int, command_has: bytes = b"") -> list[int]:
+    """The pids of ``pid``'s child processes whose command line holds ``command_has``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = stat_fields(int(entry.name))  # [1]: the parent
+        try:
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if fields is not None and int(fields[1]) == pid and command_has in command:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
 def start_ticks(pid: int) -> int | None:
     """The kernel's start time of ``pid`` (clock ticks since boot), None if gone or a zombie."""
     fields = stat_fields(pid)

@@ -21,7 +21,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from pipeline.io import config, kafka_security, records
 from pipeline.io.config import MICRO_BATCH, REAL_TIME, TRIGGERS
 from pipeline.io.kafka_io import RunNames
-from pipeline.io.spark_session import JIT_MODES, ask_the_driver, is_local
+from pipeline.io.spark_session import JIT_MODES, ask_the_driver, executor_python, is_local
 from pipeline.io.state_store import StateStore
 from pipeline.stages import worker_realtime
 from pipeline.stages.worker_realtime import RealTimeSettings
@@ -80,6 +80,26 @@ CHECKPOINT_FILE_MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
 #: The Python daemon Spark forks the tasks' Python workers from: this one loads their modules
 #: and kernels before it forks.
 PYTHON_DAEMON_MODULE = "pipeline.stages.python_daemon"
+#: The executors' warm-up plugin (jvm/executor-warmup): a cluster's executor starts the daemon
+#: and a Python worker per core before it takes a task (docs/design.md#spark-pitfalls).
+EXECUTOR_WARMUP_PLUGIN = "skewer.warmup.WarmPythonWorkers"
+#: What each task of the job hands Spark's daemon as its environment, on top of the session's
+#: ``PYTHONHASHSEED`` and the executor's local directories, which the plugin adds: Spark keeps a
+#: daemon per environment, and the tasks use the warmed one only when theirs is exactly this.
+#: These are Spark's own entries for a ``mapInArrow`` task at its default settings (a core per
+#: task: ``OMP_NUM_THREADS``);
+#: tests/integration/test_spark_cluster.py checks that each executor runs a single daemon.
+PYTHON_TASK_ENVIRONMENT = {
+    "OMP_NUM_THREADS": "1",
+    "PYTHON_DAEMON_KILL_WORKER_ON_FLUSH_FAILURE": "1",
+    "PYTHON_UDF_BATCH_SIZE": "100",
+    "SPARK_AUTH_SOCKET_TIMEOUT": "15",
+    "SPARK_BUFFER_SIZE": "65536",
+    "SPARK_JOB_ARTIFACT_UUID": "default",
+    "SPARK_PYTHON_RUNTIME": "PYTHON_WORKER",
+    "SPARK_REUSE_WORKER": "1",
+    "SPARK_SIMPLIFIED_TRACEBACK": "1",
+}
 
 
 @dataclass(frozen=True)
@@ -479,6 +499,30 @@ SPECULATION = {
 }
 
 
+def warmup_conf(cores: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The settings of the executors' warm-up plugin (:data:`EXECUTOR_WARMUP_PLUGIN`): the
+    Python, modules and environment that the job's tasks hand Spark's daemon, and a worker for
+    each of an executor's ``cores``.
+
+    >>> conf = warmup_conf(4, {"PYSPARK_PYTHON": "/venv/bin/python"})
+    >>> conf["spark.plugins"], conf["spark.skewer.warmup.python"]
+    ('skewer.warmup.WarmPythonWorkers', '/venv/bin/python')
+    >>> conf["spark.skewer.warmup.workers"], conf["spark.skewer.warmup.env.PYTHONHASHSEED"]
+    ('4', '0')
+    """
+    environ = os.environ if environ is None else environ
+    environment = {**PYTHON_TASK_ENVIRONMENT, "PYTHONHASHSEED": environ.get("PYTHONHASHSEED", "0")}
+    prefix = "spark.skewer.warmup."
+    return {
+        "spark.plugins": EXECUTOR_WARMUP_PLUGIN,
+        f"{prefix}python": executor_python(environ),
+        f"{prefix}workerModule": "pyspark.worker",
+        f"{prefix}daemonModule": PYTHON_DAEMON_MODULE,
+        f"{prefix}workers": str(cores),
+        **{f"{prefix}env.{name}": value for name, value in sorted(environment.items())},
+    }
+
+
 def job_session(options: WorkOptions) -> SparkSession:
     """The job's own session on ``options.spark_master``, with a core for each task at once
     (the cost model runs a micro-batch's tasks side by side); a session that has too few is
@@ -489,7 +533,11 @@ def job_session(options: WorkOptions) -> SparkSession:
     (:func:`~pipeline.io.spark_session.executor_request`, :data:`CLUSTER_JVM_HEAP`): without
     ``spark.cores.max`` it would take every core of the cluster, and another run's workers
     would wait. ``spark-submit``'s own settings win."""
-    from pipeline.io.artifacts import ArtifactError, ensure_realtime_writer
+    from pipeline.io.artifacts import (
+        ArtifactError,
+        ensure_executor_warmup,
+        ensure_realtime_writer,
+    )
     from pipeline.io.spark_session import (
         SparkClusterError,
         build_spark_session,
@@ -523,17 +571,20 @@ def job_session(options: WorkOptions) -> SparkSession:
     )
     standalone = {key: value for key, value in standalone.items() if key not in given}
     daemon = {} if real_time else {"spark.python.daemon.module": PYTHON_DAEMON_MODULE}
+    warm = bool(speculation) and master.startswith("spark://")
     try:
         writer_jars = [ensure_realtime_writer()] if real_time else []
+        warmup_jars = [ensure_executor_warmup()] if warm else []
     except ArtifactError as error:
         raise WorkerJobError(str(error)) from None
+    warmup = warmup_conf(int(standalone.get("spark.executor.cores", "1"))) if warm else {}
     spark = build_spark_session(
         RunNames(options.run_id).work_query,
         master=master,
         shuffle_partitions=slots,
-        extra_conf={**standalone, **daemon, **speculation},
+        extra_conf={**standalone, **daemon, **speculation, **warmup},
         jit=options.jit,
-        extra_jars=writer_jars,
+        extra_jars=[*writer_jars, *warmup_jars],
         driver_heap=CLUSTER_JVM_HEAP if standalone else None,
     )
     try:

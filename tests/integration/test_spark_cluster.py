@@ -41,6 +41,7 @@ from pipeline.io.spark_session import class_archive_path
 from pipeline.runs.orchestrator import Pipeline, start_together
 from pipeline.services import manager, process, spark_standalone
 from pipeline.services.spark_standalone import SparkWorkerService
+from pipeline.stages.worker_job import PYTHON_DAEMON_MODULE
 
 pytestmark = [
     pytest.mark.integration,
@@ -239,7 +240,10 @@ def test_a_stopped_executors_tasks_are_copied_to_the_other_worker_and_the_run_st
     produced meanwhile (without the copies every batch would wait for it; with Spark's default
     3 s locality wait, each batch would first wait that long for its cores).
     When it resumes, its late attempts apply nothing twice (the apply is idempotent per worker
-    and batch). No stage restarts, and every (key, window) count equals the ground truth."""
+    and batch). No stage restarts, and every (key, window) count equals the ground truth.
+    Before the stall, each executor maps the driver's class archive, was warmed by the job's
+    plugin (its Python daemon and a worker per core) before its first task, and runs that one
+    daemon only: the tasks found it."""
     plan = fault_plan("pkg", "spark-stall", records=90_000, workers=4, spark_master=whole_cluster)
     with run_of(plan, settings) as pipeline:
         start_together([pipeline])
@@ -251,6 +255,12 @@ def test_a_stopped_executors_tasks_are_copied_to_the_other_worker_and_the_run_st
         for pid in victims:
             maps = Path(f"/proc/{pid}/maps").read_text()
             assert str(archive) in maps, f"executor {pid} does not map {archive}"
+            # Warmed before its first task, and the tasks use that daemon: a task whose Python
+            # environment differs from the warm-up's (PYTHON_TASK_ENVIRONMENT) starts another.
+            log = (Path(f"/proc/{pid}/cwd") / "stderr").read_text()
+            assert "warmed the Python daemon and 4 idle workers" in log, log[-2000:]
+            daemons = process.child_pids(pid, PYTHON_DAEMON_MODULE.encode())
+            assert len(daemons) == 1, f"executor {pid} runs Python daemons {daemons}"
         os.kill(victims[0], signal.SIGSTOP)
         try:
             before = pipeline.progress()
