@@ -196,7 +196,7 @@ def build_spark_session(
     small job schedule 200 tasks. The driver binds to 127.0.0.1 like every other service when
     all executors are on this machine (module docstring).
     """
-    executor_python()
+    executor_python()  # sets PYSPARK_PYTHON: PySpark's own default is "python3", not this venv
     loopback = _on_this_machine(master)
     if loopback:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
