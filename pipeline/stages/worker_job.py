@@ -12,6 +12,9 @@ the minimum over the S sources of the latest each sent to its partition; with ``
 the driver stops once every worker's watermark is END_OF_STREAM. What a task does:
 :mod:`pipeline.stages.worker_task`; why: docs/design.md#worker-stage and
 docs/design.md#spark-pitfalls.
+
+Long because the query and the session it runs in on a cluster (cores, heaps, speculation,
+the executors' warm-up) are one Spark application, set up and stopped together.
 """
 
 from __future__ import annotations

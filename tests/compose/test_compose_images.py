@@ -222,7 +222,7 @@ def test_dockerfile_run_steps_are_valid_shell_and_python() -> None:
                     compile(words[index + 2], "<RUN python -c>", "exec")
                     _assert_project_names_resolve(words[index + 2])
                     programs += 1
-    assert programs == 2
+    assert programs == 3
 
 
 def test_dockerfile_runs_as_a_non_root_user_with_skewer_as_entrypoint() -> None:
@@ -241,11 +241,18 @@ def test_dockerfile_paths_agree_with_the_config_and_the_volumes(compose: dict[st
     final = stages[-1]
     copies = [copy_parts(arguments) for arguments in final.all("COPY")]
     jar_targets = [target for flags, _, target in copies if flags.get("from") == "spark-jars"]
-    assert jar_targets == [str(settings.spark_jars_dir)]
+    # Spark's Kafka source, then skewer's own jars (jvm/), each with its marker, where the
+    # config looks for them.
+    assert jar_targets == [
+        str(settings.spark_jars_dir),
+        str(settings.executor_warmup_jar.parent),
+        str(settings.realtime_writer_jar.parent),
+    ]
     # The jar stage fetches with the project's own code, which writes the marker that makes
     # `skewer work` use the jars without Maven (pipeline.io.artifacts._maven_copy).
     jar_stage = next(stage for stage in stages if stage.name == "spark-jars")
     assert any("artifacts.ensure_spark_jars()" in run for run in jar_stage.all("RUN"))
+    assert any("artifacts.ensure_executor_warmup()" in run for run in jar_stage.all("RUN"))
     assert stage_env(stages, stages.index(jar_stage))[config.ENV_CACHE_DIR] == str(
         settings.cache_dir
     )
