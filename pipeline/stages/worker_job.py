@@ -36,6 +36,7 @@ from pipeline.io.kafka_io import RunNames
 from pipeline.io.spark_session import JIT_MODES, ask_the_driver, executor_python, is_local
 from pipeline.io.state_store import StateStore
 from pipeline.stages import worker_realtime
+from pipeline.stages.python_daemon import SPARK_WORKER_MODULE
 from pipeline.stages.worker_realtime import RealTimeSettings
 from pipeline.stages.worker_task import (
     SUMMARY_SCHEMA,
@@ -519,7 +520,7 @@ def warmup_conf(cores: int, environ: Mapping[str, str] | None = None) -> dict[st
     return {
         "spark.plugins": EXECUTOR_WARMUP_PLUGIN,
         f"{prefix}python": executor_python(environ),
-        f"{prefix}workerModule": "pyspark.worker",
+        f"{prefix}workerModule": SPARK_WORKER_MODULE,
         f"{prefix}daemonModule": PYTHON_DAEMON_MODULE,
         f"{prefix}workers": str(cores),
         **{f"{prefix}env.{name}": value for name, value in sorted(environment.items())},
@@ -580,7 +581,8 @@ def job_session(options: WorkOptions) -> SparkSession:
         warmup_jars = [ensure_executor_warmup()] if warm else []
     except ArtifactError as error:
         raise WorkerJobError(str(error)) from None
-    warmup = warmup_conf(int(standalone.get("spark.executor.cores", "1"))) if warm else {}
+    cores = {**standalone, **given}.get("spark.executor.cores", "1")  # spark-submit's wins
+    warmup = warmup_conf(int(cores)) if warm else {}
     spark = build_spark_session(
         RunNames(options.run_id).work_query,
         master=master,
