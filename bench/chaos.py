@@ -23,7 +23,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,11 +44,16 @@ KINDS = (
 #: Seconds a killed process stays down before it is started again.
 DOWN_SECONDS = 3.0
 #: How long an executor fault waits for Spark's replacement executor to register with its
-#: driver (its JVM starts on a busy machine), which is when the fault counts as restarted.
+#: driver (its JVM starts on a busy machine), and then again for it to finish a task, which is
+#: when the fault counts as restarted.
 REPLACEMENT_SECONDS = 180.0
 #: What an executor writes to its stderr (in its work directory, its current directory) once
-#: its driver has accepted it: from then on it takes tasks.
+#: its driver has accepted it: from then on it takes tasks ...
 REGISTERED = b"Successfully registered with driver"
+#: ... and once it has finished one: a replacement's first tasks, cold, lose to speculation's
+#: copies on a warm executor and are killed, for up to a minute on a busy machine
+#: (docs/design.md#spark-pitfalls), and until one of its tasks finishes the run is not back.
+SERVED = b"INFO Executor: Finished task"
 #: How long a controller fault waits for a table's publication, to strike in its migration.
 MIGRATION_WAIT_SECONDS = 20.0
 #: Of the faults after the first, the share that strikes together with the one before it, and
@@ -217,7 +222,9 @@ class Injector:
             action(fault, struck)
         except Exception as error:  # recorded: the soak's result names it
             struck.error = f"{type(error).__name__}: {error}"
-        restarted = "its replacement registered" if fault.kind == "executor" else "restarted"
+        restarted = (
+            "its replacements served" if fault.kind in ("executor", "spark-worker") else "restarted"
+        )
         what = (
             struck.skipped
             or struck.error
@@ -241,10 +248,11 @@ class Injector:
         name: str,
         struck: Struck,
         while_down: Callable[[], None] = lambda: None,
+        back: Callable[[], None] | None = None,
         **up_options: Any,
     ) -> None:
         """kill -9 the native service ``name``, keep it down (``while_down()`` first), ``services
-        up`` it again (with ``up_options``)."""
+        up`` it again (with ``up_options``); restarted then, or once ``back()`` returns."""
         from pipeline.services import manager, process
 
         [service] = manager.native_services(self.settings, [name])
@@ -257,7 +265,10 @@ class Injector:
         while_down()
         time.sleep(DOWN_SECONDS)
         manager.up(self.settings, [name], **up_options)
-        self._restarted(struck)
+        if back is None:
+            self._restarted(struck)
+        else:
+            back()
 
     def _broker(self, fault: Fault, struck: Struck) -> None:
         from pipeline.io import config, probes
@@ -272,13 +283,28 @@ class Injector:
         self._kill_service(node_name(node), struck)
 
     def _spark_worker(self, fault: Fault, struck: Struck) -> None:
-        from pipeline.services.spark_standalone import worker_name
+        from pipeline.services.spark_standalone import executor_pids, worker_host, worker_name
 
         workers = sorted(_spark_workers(self.settings))
         if not workers:
             struck.skipped = "no Spark worker runs"
             return
-        self._kill_service(worker_name(workers[fault.pick % len(workers)]), struck)
+        index = workers[fault.pick % len(workers)]
+        host = worker_host(self.settings, index)
+        runs = [p.plan.run_id for p in self.pipelines]
+        # The executors on it exit with it: the runs that had one are back at full strength
+        # once their replacements have registered, not when the worker is.
+        lost = {
+            run: set(executor_pids(self.settings, [run]))
+            for run in runs
+            if executor_pids(self.settings, [run], host=host)
+        }
+
+        def replaced() -> None:
+            struck.details["worker_restarted_s"] = self.now()
+            self._until_replaced(struck, lost)
+
+        self._kill_service(worker_name(index), struck, back=replaced)
 
     def _executor(self, fault: Fault, struck: Struck) -> None:
         from pipeline.services.spark_standalone import executor_pids
@@ -296,16 +322,33 @@ class Injector:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         self._killed(struck, f"executor {pid} of {pipeline.plan.run_id}")
-        # Spark's master starts another on a worker with free cores; the run is back at full
-        # strength once it has registered with the driver, and its cold first tasks come then.
+        self._until_replaced(struck, {pipeline.plan.run_id: set(pids)})
+
+    def _until_replaced(self, struck: Struck, lost: Mapping[str, set[int]]) -> None:
+        """Restarted once each run of ``lost`` has an executor beyond the pids it had before the
+        fault that has finished a task: Spark's master starts a replacement on a worker with
+        free cores, it registers with its driver (``registered_s``), and the run is back at
+        full strength once its cold first tasks stop losing to speculation's copies
+        (docs/performance.md#the-soak)."""
+        from pipeline.services.spark_standalone import executor_pids
+
         deadline = time.monotonic() + REPLACEMENT_SECONDS
-        while time.monotonic() < deadline:
-            fresh = set(executor_pids(self.settings, [pipeline.plan.run_id])) - set(pids)
-            if any(registered_with_driver(p) for p in fresh):
+        for stage, line in (("registered_s", REGISTERED), (None, SERVED)):
+            while True:
+                fresh = [
+                    set(executor_pids(self.settings, [run])) - old for run, old in lost.items()
+                ]
+                if all(any(executor_says(pid, line) for pid in pids) for pids in fresh):
+                    break
+                if time.monotonic() > deadline:
+                    what = "registered" if stage else "finished a task"
+                    struck.details["replacement"] = f"none {what} within {REPLACEMENT_SECONDS:g} s"
+                    return
+                time.sleep(0.5)
+            if stage is None:
                 self._restarted(struck)
-                return
-            time.sleep(0.5)
-        struck.details["replacement"] = f"none registered within {REPLACEMENT_SECONDS:g} s"
+            else:
+                struck.details[stage] = self.now()
 
     def _redis_primary(self, fault: Fault, struck: Struck) -> None:
         from pipeline.io import redis_client
@@ -424,11 +467,11 @@ class Injector:
         self.serve()
 
 
-def registered_with_driver(pid: int) -> bool:
-    """Whether executor ``pid`` has registered with its driver (:data:`REGISTERED` in the
-    ``stderr`` of its work directory); False once it is gone."""
+def executor_says(pid: int, line: bytes) -> bool:
+    """Whether executor ``pid`` has written ``line`` (:data:`REGISTERED`, :data:`SERVED`) to the
+    ``stderr`` of its work directory; False once it is gone."""
     try:
-        return REGISTERED in (Path(f"/proc/{pid}/cwd") / "stderr").read_bytes()
+        return line in (Path(f"/proc/{pid}/cwd") / "stderr").read_bytes()
     except OSError:
         return False
 

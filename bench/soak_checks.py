@@ -70,36 +70,63 @@ def latency_quantile_of(histograms: Sequence[Mapping[int, int]], q: float) -> fl
     return latency_quantile(total, q)
 
 
+def episodes(struck: Sequence[chaos.Struck]) -> list[list[int]]:
+    """The indexes of the faults that struck, grouped where their spans (kill to restart)
+    overlap, each group in the order of its kills: faults that strike together, or one during
+    the recovery from another, are one episode, and the lag is not back from any of them while
+    a process of another is still down."""
+    spans = sorted(
+        (s.killed_s, _back(s), i) for i, s in enumerate(struck) if s.killed_s is not None
+    )
+    groups: list[list[int]] = []
+    end = -math.inf
+    for killed, back, i in spans:
+        if groups and killed <= end:
+            groups[-1].append(i)
+            end = max(end, back)
+        else:
+            groups.append([i])
+            end = back
+    return groups
+
+
+def _back(s: chaos.Struck) -> float:
+    """When fault ``s``'s process was back: its restart (an executor's: its replacement's first
+    finished task), or its kill if it never was."""
+    assert s.killed_s is not None
+    return s.restarted_s if s.restarted_s is not None else s.killed_s
+
+
 def fault_windows(
     struck: Sequence[chaos.Struck], recovery: Mapping[int, float | None]
 ) -> list[tuple[float, float]]:
-    """Seconds from each fault's kill to the lag's recovery after its restart (for an executor,
-    its replacement's registration with the driver; :func:`lag_recovery`), or to the restart
-    if the lag never recovered, plus :data:`FAULT_TAIL_SECONDS`."""
+    """Seconds from each fault's kill to the lag's recovery after the last restart of its
+    episode (:func:`episodes`, :func:`lag_recovery`), or to that restart if the lag never
+    recovered, plus :data:`FAULT_TAIL_SECONDS`."""
     windows = []
-    for i, s in enumerate(struck):
-        if s.killed_s is None:
-            continue
-        back = s.restarted_s if s.restarted_s is not None else s.killed_s
-        windows.append((s.killed_s, back + (recovery.get(i) or 0.0) + FAULT_TAIL_SECONDS))
+    for group in episodes(struck):
+        back = max(_back(struck[i]) for i in group)
+        for i in group:
+            killed = struck[i].killed_s
+            assert killed is not None
+            windows.append((killed, back + (recovery.get(i) or 0.0) + FAULT_TAIL_SECONDS))
     return windows
 
 
 def lag_recovery(
     samples: Sequence[Sample], struck: Sequence[chaos.Struck], runs: int
 ) -> dict[int, float | None]:
-    """Per fault, seconds from its restart (for an executor, when Spark's replacement registered
-    with its driver and took its share of the tasks, cold; its kill if none did) until every
-    run's lag was back at most at its level before the fault (the highest of the
-    :data:`LAG_BEFORE_SECONDS` before the kill) and stayed there for :data:`LAG_HOLD_SECONDS`
-    (a lag that dips under its level between two slow micro-batches is not back); None if it
-    never was before the end."""
+    """Per fault, seconds from the last restart of its episode (:func:`episodes`; an
+    executor's restart is its replacement's first finished task) until every run's lag was
+    back at most at its level before the episode (the highest of the
+    :data:`LAG_BEFORE_SECONDS` before its first kill) and stayed there for
+    :data:`LAG_HOLD_SECONDS` (a lag that dips under its level between two slow micro-batches is
+    not back); None if it never was before the end."""
     recovery: dict[int, float | None] = {}
-    for i, s in enumerate(struck):
-        if s.killed_s is None:
-            continue
-        back = s.restarted_s if s.restarted_s is not None else s.killed_s
-        before = [x for x in samples if s.killed_s - LAG_BEFORE_SECONDS <= x.t_s < s.killed_s]
+    for group in episodes(struck):
+        first_kill = min(struck[i].killed_s or 0.0 for i in group)
+        back = max(_back(struck[i]) for i in group)
+        before = [x for x in samples if first_kill - LAG_BEFORE_SECONDS <= x.t_s < first_kill]
         levels = []
         for run in range(runs):
             lags = [lag for x in before if (lag := x.lag(run)) is not None]
@@ -113,13 +140,14 @@ def lag_recovery(
             return all(lag <= level for lag, level in zip(lags, levels, strict=True))
 
         after = [x for x in samples if x.t_s >= back]
-        recovery[i] = None
+        recovered = None
         for j, x in enumerate(after):
             until = x.t_s + LAG_HOLD_SECONDS
             held = itertools.takewhile(lambda y, until=until: y.t_s <= until, after[j:])
             if within(x) and all(within(y) is not False for y in held):
-                recovery[i] = round(x.t_s - back, 3)
+                recovered = round(x.t_s - back, 3)
                 break
+        recovery.update(dict.fromkeys(group, recovered))
     return recovery
 
 
@@ -367,6 +395,10 @@ def markdown(data: dict[str, Any]) -> str:
     ]
     for f in data["faults"]:
         note = f["skipped"] or f["error"] or ("mid-migration" if f.get("mid_migration") else "")
+        if f.get("registered_s") is not None:  # restarted: its replacements' first tasks done
+            note = f"replacements registered at {f['registered_s']:.1f} s"
+            if f.get("worker_restarted_s") is not None:
+                note = f"worker up at {f['worker_restarted_s']:.1f} s, {note}"
         lines.append(
             f"| {f['at_s']:.0f} | {f['kind']} | {f['target'] or '-'} | "
             f"{or_dash(f['killed_s'], '.1f')} | {or_dash(f['restarted_s'], '.1f')} | "

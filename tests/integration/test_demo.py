@@ -30,6 +30,7 @@ from pipeline.cli.demo import ProgressPrinter
 from pipeline.io import config, kafka_io, probes
 from pipeline.runs.orchestrator import Progress
 from pipeline.runs.plan import RunPlan
+from pipeline.services import process
 
 WORKLOAD = "zipf:z=1.2,keys=100000,seed=0"
 
@@ -120,16 +121,12 @@ def test_demo_pkg_100000_verify_json_is_exact_and_reports_the_contract_fields(
 def _children(pid: int) -> dict[int, str]:
     """pid -> skewer subcommand of the processes whose parent is ``pid``."""
     found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for child in process.child_pids(pid, b"pipeline.cli"):
         try:
-            stat = (entry / "stat").read_text()
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid and b"pipeline.cli" in argv:
-            found[int(entry.name)] = argv[argv.index(b"pipeline.cli") + 1].decode()
+        found[child] = argv[argv.index(b"pipeline.cli") + 1].decode()
     return found
 
 

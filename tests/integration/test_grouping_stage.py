@@ -29,6 +29,7 @@ from operators.simulator import Router
 from pipeline.io import kafka_io
 from pipeline.io.records import END_OF_STREAM, MAX_KEY_BYTES, Kind, decode_work, encode_input
 from pipeline.io.redis_layout import RunKeys
+from pipeline.services import process
 from pipeline.stages import grouping
 from producers import kafka_producer
 from producers.workloads import parse
@@ -147,14 +148,6 @@ def test_routing_equals_the_simulator(
     assert_markers_keep_their_promise(stored, decoded, workers, sources)
 
 
-def source_children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        text = (task / "children").read_text().split()
-        found += [int(child) for child in text]
-    return found
-
-
 def test_kill_9_mid_run_then_restart_is_exactly_once(
     kafka: str, redis: object, redis_url: str, run_names: kafka_io.RunNames
 ) -> None:
@@ -178,7 +171,7 @@ def test_kill_9_mid_run_then_restart_is_exactly_once(
         assert first.poll() is None, first.stderr.read().decode()  # type: ignore[union-attr]
         assert time.monotonic() < deadline, "the stage made no progress"
         time.sleep(0.02)
-    children = source_children(first.pid)
+    children = process.child_pids(first.pid)
     assert len(children) >= sources  # one process per source (+ multiprocessing's helper)
     # A batch's Redis counters are written just before its commit: a few ms later the batch
     # is usually on the broker, uncommitted, so the restart has a transaction to abort.
@@ -254,7 +247,7 @@ def test_a_killed_source_is_started_again_by_its_stage(
     time.sleep(0.008)  # most likely mid-transaction (see the test above)
     sources_now = [
         pid
-        for pid in source_children(stage.pid)
+        for pid in process.child_pids(stage.pid)
         if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
     ]
     # Source 0 may already have ended if source 1 started late; the one left is then source 1.

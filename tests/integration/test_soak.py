@@ -97,7 +97,7 @@ def test_five_minutes_with_three_faults_at_once_keeps_both_runs_exact(
     assert checks["faults_struck"] == FAULTS, struck
     assert checks["faults_failed"] == [], struck
     assert sorted(f["kind"] for f in data["faults"]) == ["broker", "executor", "redis-primary"]
-    # An executor fault is restarted when Spark's replacement has registered with its driver.
+    # An executor fault is restarted when Spark's replacement has finished its first task.
     assert all(f["restarted_s"] is not None for f in data["faults"]), struck
     for summary in data["summaries"]:
         assert "failed" not in summary, summary

@@ -78,21 +78,69 @@ def test_a_lag_that_dips_under_its_level_and_rises_again_is_not_back() -> None:
     assert soak_checks.lag_recovery(samples, struck, runs=1) == {0: 29.0}  # from t = 70 on
 
 
-def test_an_executor_counts_as_registered_once_its_stderr_says_so(tmp_path: Path) -> None:
+def test_an_executor_counts_as_registered_and_serving_once_its_stderr_says_so(
+    tmp_path: Path,
+) -> None:
     """An executor's stderr is in its work directory, its current directory; a replacement
-    executor fault is restarted when the line appears, not when the JVM starts."""
+    executor fault is restarted when it has finished a task, not when the JVM starts or
+    registers."""
     stderr = tmp_path / "stderr"
     stderr.write_bytes(b"Spark Executor Command: java ...\n")
     executor = subprocess.Popen(["sleep", "30"], cwd=tmp_path)
     try:
-        assert not chaos.registered_with_driver(executor.pid)
+        assert not chaos.executor_says(executor.pid, chaos.REGISTERED)
         with stderr.open("ab") as out:
             out.write(b"INFO CoarseGrainedExecutorBackend: " + chaos.REGISTERED + b"\n")
-        assert chaos.registered_with_driver(executor.pid)
+        assert chaos.executor_says(executor.pid, chaos.REGISTERED)
+        assert not chaos.executor_says(executor.pid, chaos.SERVED)
+        with stderr.open("ab") as out:
+            out.write(b"26/12/07 08:03:44 INFO Executor: Finished task 1.0 in stage 3198.0\n")
+        assert chaos.executor_says(executor.pid, chaos.SERVED)
     finally:
         executor.kill()
         executor.wait()
-    assert not chaos.registered_with_driver(executor.pid)  # gone
+    assert not chaos.executor_says(executor.pid, chaos.REGISTERED)  # gone
+
+
+def test_a_lost_executor_is_restarted_once_its_replacement_has_finished_a_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Executor 2 of run "r" was killed; 3 replaces it, registers at the 2nd look and finishes
+    its first task at the 4th: the fault is restarted then, its registration noted."""
+    from pipeline.services import spark_standalone
+
+    looks: list[bytes] = []
+
+    def says(pid: int, line: bytes) -> bool:
+        looks.append(line)
+        return pid == 3 and len(looks) >= (2 if line == chaos.REGISTERED else 4)
+
+    monkeypatch.setattr(spark_standalone, "executor_pids", lambda _settings, _runs: [1, 3])
+    monkeypatch.setattr(chaos, "executor_says", says)
+    monkeypatch.setattr(chaos.time, "sleep", lambda _seconds: None)
+    injector = chaos.Injector(settings=None, pipelines=[], origin=0.0)
+    struck = chaos.Struck(chaos.Fault(1.0, "executor", 0))
+    injector._until_replaced(struck, {"r": {1, 2}})
+    assert looks == [chaos.REGISTERED] * 2 + [chaos.SERVED] * 2
+    assert struck.details["registered_s"] is not None and struck.restarted_s is not None
+    assert "replacement" not in struck.details
+
+
+def test_faults_that_overlap_are_back_from_the_last_restart_of_their_episode() -> None:
+    """An aggregator killed with an executor of the other run: the lag cannot be back while
+    the executor's replacement is still cold, so both count from its restart, against the
+    lag before the first kill."""
+    samples = [sample(t, 1000 * t, 1000 * t - 500) for t in range(0, 40)]  # lag 500
+    samples += [sample(t, 1000 * t, 1000 * 40 - 500) for t in range(40, 70)]  # stalled
+    samples += [sample(t, 1000 * t, 1000 * t - 400) for t in range(70, 90)]
+    struck = [
+        chaos.Struck(chaos.Fault(40.0, "aggregator", 0), "aggregate", 40.0, 43.0),
+        chaos.Struck(chaos.Fault(40.0, "executor", 1), "executor 1", 40.5, 65.0),
+        chaos.Struck(chaos.Fault(80.0, "broker", 1), "kafka-1", 80.0, 84.0),
+    ]
+    assert soak_checks.episodes(struck) == [[0, 1], [2]]
+    # back at t = 70, 5 s after the executor's restart, 27 s after the aggregator's
+    assert soak_checks.lag_recovery(samples, struck, runs=1) == {0: 5.0, 1: 5.0, 2: 0.0}
 
 
 def test_a_process_s_growth_is_from_the_reference_to_its_last_sample() -> None:
