@@ -23,6 +23,7 @@ against live runs on three streams into ``advise.md``. ``--out DIR`` writes else
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -140,6 +141,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     soak.add_argument(
         "--rate", type=float, help="records/s of each run instead of --load x capacity"
+    )
+    soak.add_argument(
+        "--recheck",
+        type=Path,
+        metavar="JSON",
+        help="judge a recorded soak (its page's JSON) by this version's checks; runs nothing",
     )
     soak.add_argument("--out", type=Path, help="output directory (default bench/results)")
     soak.set_defaults(handler=run_soak)
@@ -426,6 +433,14 @@ def run_soak(args: argparse.Namespace) -> int:
     from bench import chaos, soak
     from pipeline.cli.arguments import UsageError
 
+    if args.recheck is not None:
+        try:
+            data = json.loads(args.recheck.read_text())
+        except (OSError, ValueError) as error:
+            raise UsageError(f"--recheck {args.recheck}: not a soak's JSON: {error}") from None
+        if not isinstance(data, dict) or "samples" not in data or "faults" not in data:
+            raise UsageError(f"--recheck {args.recheck}: not a soak's JSON (no samples, faults)")
+        return _write(soak.recheck(data), args.out, soak.command_of(data), data["ran_s"])
     kinds = args.kinds or list(chaos.KINDS)
     command = _command(
         args,

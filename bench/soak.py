@@ -17,7 +17,7 @@ from typing import Any
 from bench import chaos
 from bench.experiment import ExperimentResult
 from bench.soak_checks import figure, markdown, results
-from bench.soak_samples import Sampler
+from bench.soak_samples import Sample, Sampler
 
 #: Workers per run: the two runs take the cluster's 2 x 8 executor cores, half of them spare.
 WORKERS = 4
@@ -307,6 +307,76 @@ def run(
         figures={"series": figure(data)},
         data=data,
     )
+
+
+def recheck(data: dict[str, Any]) -> ExperimentResult:
+    """The soak recorded in ``data`` (the JSON of its page) judged by this version's checks:
+    its samples, the faults it struck and its runs' summaries as they were recorded, the
+    verdict, tables and picture made again. The checks read only the record, so a check whose
+    definition changes needs no second hour."""
+    from types import SimpleNamespace
+
+    plans = [
+        SimpleNamespace(run_id=run, scheme=scheme, workload=data["workload"], workers=WORKERS)
+        for run, scheme in zip(data["runs"], data["schemes"], strict=True)
+    ]
+    keys = {"at_s", "kind", "target", "killed_s", "restarted_s", "skipped", "error", "recovery_s"}
+    struck = [
+        chaos.Struck(
+            chaos.Fault(f["at_s"], f["kind"], 0),
+            target=f["target"],
+            killed_s=f["killed_s"],
+            restarted_s=f["restarted_s"],
+            skipped=f["skipped"],
+            error=f["error"],
+            details={k: v for k, v in f.items() if k not in keys},
+        )
+        for f in data["faults"]
+    ]
+    samples = [
+        Sample(
+            **{
+                **x,
+                "latency": [{int(k): v for k, v in h.items()} for h in x["latency"]],
+                "rss_mb": {int(pid): (name, mb) for pid, (name, mb) in x["rss_mb"].items()},
+            }
+        )
+        for x in data["samples"]
+    ]
+    checked = results(
+        plans=plans,
+        rate=data["rate"],
+        capacity=data["capacity"],
+        load=data["load"],
+        seed=data["seed"],
+        seconds=data["seconds"],
+        samples=samples,
+        struck=struck,
+        summaries=data["summaries"],
+        stopped=data["stopped"],
+        services_down=data["services_down"],
+        ran_s=data["ran_s"],
+    )
+    return ExperimentResult(
+        name="soak",
+        title="An hour under load and faults: both runs exact, nothing leaking, nothing drifting",
+        markdown="The checks below judge the hour's record again (`skewer bench soak --recheck "
+        "JSON`): its samples, faults and runs as they were recorded.\n\n" + markdown(checked),
+        figures={"series": figure(checked)},
+        data=checked,
+    )
+
+
+def command_of(data: dict[str, Any]) -> str:
+    """The command line of the soak recorded in ``data``.
+
+    >>> command_of({"seconds": 3600, "load": 0.5, "faults": [{}] * 24, "seed": 1,
+    ...             "capacity": None, "rate": 6855.0})
+    'skewer bench soak --minutes 60 --load 0.5 --faults 24 --seed 1 --rate 6855'
+    """
+    words = f"skewer bench soak --minutes {data['seconds'] / 60:g} --load {data['load']:g}"
+    words += f" --faults {len(data['faults'])} --seed {data['seed']}"
+    return words + (f" --rate {data['rate']:g}" if data["capacity"] is None else "")
 
 
 def watch(

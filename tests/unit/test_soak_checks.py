@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import subprocess
 from pathlib import Path
 
@@ -102,6 +103,19 @@ def test_an_executor_counts_as_registered_and_serving_once_its_stderr_says_so(
     assert not chaos.executor_says(executor.pid, chaos.REGISTERED)  # gone
 
 
+def test_the_level_before_a_fault_leaves_out_the_recovery_from_an_earlier_one() -> None:
+    """A broker killed at 20 s drove the lag to 5,000 until 40 s; the executor killed at 100 s
+    is back at the lag's own level, 500, not at the earlier fault's."""
+    lags = {t: 5000 if 20 <= t < 40 else 500 for t in range(0, 100)}
+    lags |= {t: 3000 for t in range(100, 110)} | {t: 500 for t in range(110, 140)}
+    samples = [sample(t, 1000 * t, 1000 * t - lag) for t, lag in lags.items()]
+    struck = [
+        chaos.Struck(chaos.Fault(20.0, "broker", 0), "kafka-1", 20.0, 25.0),
+        chaos.Struck(chaos.Fault(100.0, "executor", 0), "executor 1", 100.0, 105.0),
+    ]
+    assert soak_checks.lag_recovery(samples, struck, runs=1) == {0: 15.0, 1: 5.0}
+
+
 def test_a_lost_executor_is_restarted_once_its_replacement_has_finished_a_task(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -129,18 +143,21 @@ def test_a_lost_executor_is_restarted_once_its_replacement_has_finished_a_task(
 def test_faults_that_overlap_are_back_from_the_last_restart_of_their_episode() -> None:
     """An aggregator killed with an executor of the other run: the lag cannot be back while
     the executor's replacement is still cold, so both count from its restart, against the
-    lag before the first kill."""
+    lag before the first kill; a fault during that recovery joins them."""
     samples = [sample(t, 1000 * t, 1000 * t - 500) for t in range(0, 40)]  # lag 500
     samples += [sample(t, 1000 * t, 1000 * 40 - 500) for t in range(40, 70)]  # stalled
-    samples += [sample(t, 1000 * t, 1000 * t - 400) for t in range(70, 90)]
+    samples += [sample(t, 1000 * t, 1000 * t - 400) for t in range(70, 120)]
     struck = [
         chaos.Struck(chaos.Fault(40.0, "aggregator", 0), "aggregate", 40.0, 43.0),
         chaos.Struck(chaos.Fault(40.0, "executor", 1), "executor 1", 40.5, 65.0),
-        chaos.Struck(chaos.Fault(80.0, "broker", 1), "kafka-1", 80.0, 84.0),
+        chaos.Struck(chaos.Fault(100.0, "broker", 1), "kafka-1", 100.0, 104.0),
     ]
     assert soak_checks.episodes(struck) == [[0, 1], [2]]
     # back at t = 70, 5 s after the executor's restart, 27 s after the aggregator's
     assert soak_checks.lag_recovery(samples, struck, runs=1) == {0: 5.0, 1: 5.0, 2: 0.0}
+    # A broker killed 15 s after the executor's restart strikes during its recovery.
+    during = [*struck[:2], chaos.Struck(chaos.Fault(80.0, "broker", 1), "kafka-1", 80.0, 84.0)]
+    assert soak_checks.episodes(during) == [[0, 1, 2]]
 
 
 def test_a_process_s_growth_is_from_the_reference_to_its_last_sample() -> None:
@@ -317,3 +334,42 @@ def test_a_live_bench_stopped_by_sigterm_leaves_through_its_clean_up() -> None:
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert cleaned == [True]
+
+
+def test_a_recorded_soak_is_judged_again_and_a_file_that_is_not_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--recheck` rebuilds the samples, faults and runs from a soak's JSON and checks them as
+    the soak did; a file that is not a soak's JSON is one line and exit 2."""
+    import argparse
+
+    from bench import cli
+    from pipeline.cli.arguments import UsageError
+
+    samples = [sample(t, 1000 * t, 1000 * t - 500) for t in range(0, 90)]
+    struck = [chaos.Struck(chaos.Fault(40.0, "broker", 0), "kafka-1", 40.0, 44.0)]
+    summary = {"run_id": "r", "scheme": "pkg", "records": 9, "produced": 9, "processed": 9}
+    recorded = soak_checks.results(
+        plans=[dataclasses.replace(PLAN, run_id="r")],
+        rate=1000.0,
+        capacity=None,
+        load=0.5,
+        seed=1,
+        seconds=90.0,
+        samples=samples,
+        struck=struck,
+        summaries=[summary | {"exact": True, "verification": [], "restarts": {}}],
+        stopped=[],
+        services_down=[],
+        ran_s=95.0,
+    )
+    data = json.loads(json.dumps(recorded))  # as the page's JSON holds it
+    monkeypatch.setattr(soak, "figure", lambda _data: None)  # the picture is not checked here
+    again = soak.recheck(data).data
+    assert again["checks"] == recorded["checks"] and again["faults"] == recorded["faults"]
+    assert soak.command_of(data).endswith("--faults 1 --seed 1 --rate 1000")
+    other = tmp_path / "other.json"
+    other.write_text('{"rows": []}')
+    args = argparse.Namespace(bench_command="soak", recheck=other, out=tmp_path)
+    with pytest.raises(UsageError, match="not a soak's JSON"):
+        cli.run_soak(args)
