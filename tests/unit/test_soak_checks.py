@@ -7,6 +7,7 @@ import itertools
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,30 @@ def sample(t: float, produced: int, applied: int, state_keys: int = 8) -> Sample
         redis_keys=None,
         state_keys=state_keys,
         kafka_log_mb=None,
+    )
+
+
+def judged(
+    samples: list[Sample],
+    seconds: float,
+    struck: list[chaos.Struck] | None = None,
+    summaries: list[dict[str, Any]] | None = None,
+    plan: RunPlan = PLAN,
+) -> dict[str, Any]:
+    """The soak's figures and checks of one run at 1,000 records/s."""
+    return soak_checks.results(
+        plans=[plan],
+        rate=1000.0,
+        capacity=None,
+        load=0.5,
+        seed=1,
+        seconds=seconds,
+        samples=samples,
+        struck=struck or [],
+        summaries=summaries or [],
+        stopped=[],
+        services_down=[],
+        ran_s=seconds,
     )
 
 
@@ -236,20 +261,7 @@ def test_the_p99_reference_starts_once_the_start_up_backlog_is_applied() -> None
     # Its records waited up to 20 s; the steady ones 0.5 s, and so does the rest.
     for x in samples:
         x.latency[0][20_000 if x.t_s < 40 else 500] = 1000
-    data = soak_checks.results(
-        plans=[PLAN],
-        rate=1000.0,
-        capacity=None,
-        load=0.5,
-        seed=1,
-        seconds=600.0,
-        samples=samples,
-        struck=[],
-        summaries=[],
-        stopped=[],
-        services_down=[],
-        ran_s=600.0,
-    )
+    data = judged(samples, seconds=600.0)
     assert data["startup_s"] == 40.0
     assert data["p99"][0]["first"] == data["p99"][0]["rest"]
     label = dict(soak_checks.verdicts(data))
@@ -349,20 +361,8 @@ def test_a_recorded_soak_is_judged_again_and_a_file_that_is_not_one_is_refused(
     samples = [sample(t, 1000 * t, 1000 * t - 500) for t in range(0, 90)]
     struck = [chaos.Struck(chaos.Fault(40.0, "broker", 0), "kafka-1", 40.0, 44.0)]
     summary = {"run_id": "r", "scheme": "pkg", "records": 9, "produced": 9, "processed": 9}
-    recorded = soak_checks.results(
-        plans=[dataclasses.replace(PLAN, run_id="r")],
-        rate=1000.0,
-        capacity=None,
-        load=0.5,
-        seed=1,
-        seconds=90.0,
-        samples=samples,
-        struck=struck,
-        summaries=[summary | {"exact": True, "verification": [], "restarts": {}}],
-        stopped=[],
-        services_down=[],
-        ran_s=95.0,
-    )
+    summary |= {"exact": True, "verification": [], "restarts": {}}
+    recorded = judged(samples, 90.0, struck, [summary], dataclasses.replace(PLAN, run_id="r"))
     data = json.loads(json.dumps(recorded))  # as the page's JSON holds it
     monkeypatch.setattr(soak, "figure", lambda _data: None)  # the picture is not checked here
     again = soak.recheck(data).data
