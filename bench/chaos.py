@@ -146,6 +146,21 @@ class Struck:
             **self.details,
         }
 
+    @classmethod
+    def from_dict(cls, recorded: dict[str, Any]) -> Struck:
+        """The fault :meth:`as_dict` recorded (its ``pick`` is not: 0), without what the
+        checks added to it (``recovery_s``)."""
+        own = {"at_s", "kind", "target", "killed_s", "restarted_s", "skipped", "error"}
+        return cls(
+            Fault(recorded["at_s"], recorded["kind"], 0),
+            target=recorded["target"],
+            killed_s=recorded["killed_s"],
+            restarted_s=recorded["restarted_s"],
+            skipped=recorded["skipped"],
+            error=recorded["error"],
+            details={k: v for k, v in recorded.items() if k not in own | {"recovery_s"}},
+        )
+
 
 class Injector:
     """Strikes faults on the cluster services of ``settings`` and the stages of ``pipelines``
@@ -330,25 +345,30 @@ class Injector:
         free cores, it registers with its driver (``registered_s``), and the run is back at
         full strength once its cold first tasks stop losing to speculation's copies
         (docs/performance.md#the-soak)."""
+        deadline = time.monotonic() + REPLACEMENT_SECONDS
+        if not self._until_replacements_say(lost, REGISTERED, deadline):
+            struck.details["replacement"] = f"none registered within {REPLACEMENT_SECONDS:g} s"
+            return
+        struck.details["registered_s"] = self.now()
+        if not self._until_replacements_say(lost, SERVED, deadline):
+            struck.details["replacement"] = f"none finished a task within {REPLACEMENT_SECONDS:g} s"
+            return
+        self._restarted(struck)
+
+    def _until_replacements_say(
+        self, lost: Mapping[str, set[int]], line: bytes, deadline: float
+    ) -> bool:
+        """Whether each run of ``lost`` had an executor beyond its pids there write ``line``
+        (:func:`executor_says`) before ``deadline`` (``time.monotonic()``)."""
         from pipeline.services.spark_standalone import executor_pids
 
-        deadline = time.monotonic() + REPLACEMENT_SECONDS
-        for stage, line in (("registered_s", REGISTERED), (None, SERVED)):
-            while True:
-                fresh = [
-                    set(executor_pids(self.settings, [run])) - old for run, old in lost.items()
-                ]
-                if all(any(executor_says(pid, line) for pid in pids) for pids in fresh):
-                    break
-                if time.monotonic() > deadline:
-                    what = "registered" if stage else "finished a task"
-                    struck.details["replacement"] = f"none {what} within {REPLACEMENT_SECONDS:g} s"
-                    return
-                time.sleep(0.5)
-            if stage is None:
-                self._restarted(struck)
-            else:
-                struck.details[stage] = self.now()
+        while True:
+            fresh = [set(executor_pids(self.settings, [run])) - old for run, old in lost.items()]
+            if all(any(executor_says(pid, line) for pid in pids) for pids in fresh):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
 
     def _redis_primary(self, fault: Fault, struck: Struck) -> None:
         from pipeline.io import redis_client

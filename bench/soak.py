@@ -19,6 +19,8 @@ from bench.experiment import ExperimentResult
 from bench.soak_checks import figure, markdown, results
 from bench.soak_samples import Sample, Sampler
 
+#: The soak's page's title.
+TITLE = "An hour under load and faults: both runs exact, nothing leaking, nothing drifting"
 #: Workers per run: the two runs take the cluster's 2 x 8 executor cores, half of them spare.
 WORKERS = 4
 SOURCES = 2
@@ -302,7 +304,7 @@ def run(
     )
     return ExperimentResult(
         name="soak",
-        title="An hour under load and faults: both runs exact, nothing leaking, nothing drifting",
+        title=TITLE,
         markdown=markdown(data),
         figures={"series": figure(data)},
         data=data,
@@ -320,29 +322,8 @@ def recheck(data: dict[str, Any]) -> ExperimentResult:
         SimpleNamespace(run_id=run, scheme=scheme, workload=data["workload"], workers=WORKERS)
         for run, scheme in zip(data["runs"], data["schemes"], strict=True)
     ]
-    keys = {"at_s", "kind", "target", "killed_s", "restarted_s", "skipped", "error", "recovery_s"}
-    struck = [
-        chaos.Struck(
-            chaos.Fault(f["at_s"], f["kind"], 0),
-            target=f["target"],
-            killed_s=f["killed_s"],
-            restarted_s=f["restarted_s"],
-            skipped=f["skipped"],
-            error=f["error"],
-            details={k: v for k, v in f.items() if k not in keys},
-        )
-        for f in data["faults"]
-    ]
-    samples = [
-        Sample(
-            **{
-                **x,
-                "latency": [{int(k): v for k, v in h.items()} for h in x["latency"]],
-                "rss_mb": {int(pid): (name, mb) for pid, (name, mb) in x["rss_mb"].items()},
-            }
-        )
-        for x in data["samples"]
-    ]
+    struck = [chaos.Struck.from_dict(f) for f in data["faults"]]
+    samples = [Sample.from_dict(x) for x in data["samples"]]
     checked = results(
         plans=plans,
         rate=data["rate"],
@@ -359,7 +340,7 @@ def recheck(data: dict[str, Any]) -> ExperimentResult:
     )
     return ExperimentResult(
         name="soak",
-        title="An hour under load and faults: both runs exact, nothing leaking, nothing drifting",
+        title=TITLE,
         markdown="The checks below judge the hour's record again (`skewer bench soak --recheck "
         "JSON`): its samples, faults and runs as they were recorded.\n\n" + markdown(checked),
         figures={"series": figure(checked)},

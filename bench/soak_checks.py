@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench import chaos
 from bench.experiment import or_dash
@@ -73,32 +73,38 @@ def latency_quantile_of(histograms: Sequence[Mapping[int, int]], q: float) -> fl
     return latency_quantile(total, q)
 
 
-def episodes(struck: Sequence[chaos.Struck]) -> list[list[int]]:
-    """The indexes of the faults that struck, grouped into episodes, each in the order of its
-    kills: a fault joins the episode before it when it strikes before that one's last restart
-    plus :data:`LAG_RECOVERY_SECONDS`, together with it or during the recovery from it. The
-    lag is not back from any fault of an episode while a process of another is down, and a
-    recovery that a second fault interrupts cannot be told from the second's."""
+class Episode(NamedTuple):
+    """Faults that struck together or one during the recovery from another
+    (:func:`episodes`)."""
+
+    #: The indexes of its faults, in the order of their kills.
+    faults: list[int]
+    #: Its first kill ...
+    first_kill: float
+    #: ... and its last restart (an executor's: its replacement's first finished task; a
+    #: fault's kill if it was never restarted).
+    back: float
+
+
+def episodes(struck: Sequence[chaos.Struck]) -> list[Episode]:
+    """The faults that struck, grouped into episodes: a fault joins the episode before it when
+    it strikes before that one's last restart plus :data:`LAG_RECOVERY_SECONDS`, together with
+    it or during the recovery from it. The lag is not back from any fault of an episode while a
+    process of another is down, and a recovery that a second fault interrupts cannot be told
+    from the second's."""
     spans = sorted(
-        (s.killed_s, _back(s), i) for i, s in enumerate(struck) if s.killed_s is not None
+        (s.killed_s, s.restarted_s if s.restarted_s is not None else s.killed_s, i)
+        for i, s in enumerate(struck)
+        if s.killed_s is not None
     )
-    groups: list[list[int]] = []
-    end = -math.inf
+    found: list[Episode] = []
     for killed, back, i in spans:
-        if groups and killed <= end + LAG_RECOVERY_SECONDS:
-            groups[-1].append(i)
-            end = max(end, back)
+        if found and killed <= found[-1].back + LAG_RECOVERY_SECONDS:
+            last = found[-1]
+            found[-1] = Episode([*last.faults, i], last.first_kill, max(last.back, back))
         else:
-            groups.append([i])
-            end = back
-    return groups
-
-
-def _back(s: chaos.Struck) -> float:
-    """When fault ``s``'s process was back: its restart (an executor's: its replacement's first
-    finished task), or its kill if it never was."""
-    assert s.killed_s is not None
-    return s.restarted_s if s.restarted_s is not None else s.killed_s
+            found.append(Episode([i], killed, back))
+    return found
 
 
 def fault_windows(
@@ -107,14 +113,12 @@ def fault_windows(
     """Seconds from each fault's kill to the lag's recovery after the last restart of its
     episode (:func:`episodes`, :func:`lag_recovery`), or to that restart if the lag never
     recovered, plus :data:`FAULT_TAIL_SECONDS`."""
-    windows = []
-    for group in episodes(struck):
-        back = max(_back(struck[i]) for i in group)
-        for i in group:
-            killed = struck[i].killed_s
-            assert killed is not None
-            windows.append((killed, back + (recovery.get(i) or 0.0) + FAULT_TAIL_SECONDS))
-    return windows
+    return [
+        (killed, episode.back + (recovery.get(i) or 0.0) + FAULT_TAIL_SECONDS)
+        for episode in episodes(struck)
+        for i in episode.faults
+        if (killed := struck[i].killed_s) is not None
+    ]
 
 
 def lag_recovery(
@@ -125,18 +129,13 @@ def lag_recovery(
     back at most at its level before the episode (the highest of the
     :data:`LAG_BEFORE_SECONDS` before its first kill, leaving out the other episodes up to
     :data:`LAG_RECOVERY_SECONDS` after their restart, unless that is all of them) and stayed
-    there for
-    :data:`LAG_HOLD_SECONDS` (a lag that dips under its level between two slow micro-batches is
-    not back); None if it never was before the end."""
+    there for :data:`LAG_HOLD_SECONDS` (a lag that dips under its level between two slow
+    micro-batches is not back); None if it never was before the end."""
     recovery: dict[int, float | None] = {}
-    groups = episodes(struck)
-    # Other episodes, from their first kill to the recovery time allowed after their restart.
-    spans = [
-        (min(struck[i].killed_s or 0.0 for i in g), max(_back(struck[i]) for i in g))
-        for g in groups
-    ]
-    for group, (first_kill, back) in zip(groups, spans, strict=True):
-        others = [(a, b + LAG_RECOVERY_SECONDS) for a, b in spans if a != first_kill]
+    found = episodes(struck)
+    for episode in found:
+        first_kill, back = episode.first_kill, episode.back
+        others = [(e.first_kill, e.back + LAG_RECOVERY_SECONDS) for e in found if e is not episode]
         window = [x for x in samples if first_kill - LAG_BEFORE_SECONDS <= x.t_s < first_kill]
         before = [x for x in window if not any(a <= x.t_s <= b for a, b in others)] or window
         levels = []
@@ -159,7 +158,7 @@ def lag_recovery(
             if within(x) and all(within(y) is not False for y in held):
                 recovered = round(x.t_s - back, 3)
                 break
-        recovery.update(dict.fromkeys(group, recovered))
+        recovery.update(dict.fromkeys(episode.faults, recovered))
     return recovery
 
 

@@ -57,6 +57,17 @@ class Sample:
             "result_keys": self.result_keys,
         }
 
+    @classmethod
+    def from_dict(cls, recorded: dict[str, Any]) -> Sample:
+        """The sample :meth:`as_dict` recorded (JSON's string keys back to numbers)."""
+        return cls(
+            **{
+                **recorded,
+                "latency": [{int(k): v for k, v in h.items()} for h in recorded["latency"]],
+                "rss_mb": {int(pid): (name, mb) for pid, (name, mb) in recorded["rss_mb"].items()},
+            }
+        )
+
 
 #: Seconds between two samples of every process's RSS (each pid's RSS every second made most
 #: of an hour's samples, and memory moves slower than that).
