@@ -17,14 +17,15 @@ DEMO_ARGS ?= --scheme pkg --records 100000 --verify
 # wait on JVM starts, paced producers and closing windows, so two share two cores well. Test
 # sessions side by side are safe by design: leases on the shared services, a Redis database
 # per session, private services on random ports; `PYTEST_ARGS=...` runs one worker. Files go
-# out in xdist's order (most tests first), which mixes the JVM-heavy modules with light ones;
-# handing out the longest first would put the two heaviest side by side.
+# out longest first, by tests/module_durations.json (`make test-durations` refreshes it from
+# the last run), and the modules that must not run side by side go to one worker as a group
+# (tests/work_units.py).
 PYTEST_ARGS ?= --timeout=900 --durations=30 --numprocesses 2 --dist loadfile
 # The Docker-backed tests (tests/service_backends.py says which and why), run by test-docker and
 # by the Docker pass of `SKEWER_TEST_DOCKER=1 make test`.
 DOCKER_TESTS := -m "live_path or docker" tests/integration tests/compose
 
-.PHONY: help install system-packages python-env jars demo test test-docker up down status lint
+.PHONY: help install system-packages python-env jars demo test test-docker test-durations up down status lint
 
 help:
 	@echo "make demo     install, start the native services, run the demo (skewer demo $(DEMO_ARGS))"
@@ -34,6 +35,7 @@ help:
 	@echo "              and the Docker-backed tests on them; the engine is stopped afterwards"
 	@echo "make test-docker  the Docker-backed tests on the engine of DOCKER_HOST, local images"
 	@echo "make install  only the installs;  make up | down | status  the native services"
+	@echo "make test-durations  the last run's seconds per test module into tests/module_durations.json"
 	@echo "docs         README.md first, then docs/index.md; skewer --help for every flag"
 
 install: system-packages python-env jars
@@ -74,6 +76,11 @@ endif
 test-docker: install
 	$(BIN)/skewer images build --local
 	SKEWER_TEST_BACKEND=docker SKEWER_TEST_IMAGES=local $(BIN)/pytest $(PYTEST_ARGS) $(DOCKER_TESTS)
+
+# The seconds each test module took in the last run, into the committed table the test session
+# hands modules out by (tests/work_units.py).
+test-durations: python-env
+	$(BIN)/python tests/work_units.py refresh
 
 up: install
 	$(BIN)/skewer services up

@@ -20,9 +20,10 @@ start nothing. Tests marked ``native_only(reason)`` skip on the docker backend w
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
+import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import pytest
+import work_units
+from hypothesis import settings as hypothesis_settings
 from service_backends import (
     BackendError,
     DockerBackend,
@@ -76,42 +79,39 @@ class BackendChoice:
 
 _BACKEND_KEY = pytest.StashKey[BackendChoice]()
 
-#: Test modules that each keep both cores busy on their own: the nine schemes' live runs side
-#: by side, and the compose stack (a broker, Redis, Prometheus, Grafana and the job's JVMs in
-#: containers). Side by side on two cores they starved each other's services past their
-#: deadlines (a new topic without a leader for 30 s, the first point of a panel after minutes),
-#: so ``--dist loadfile`` hands the modules of a group to one pytest worker, one after another,
-#: while the other worker takes the remaining modules.
-ONE_WORKER_GROUPS = (
-    ("tests/integration/test_end_to_end.py", "tests/integration/test_compose_stack.py"),
+#: Hypothesis everywhere without its 200 ms deadline (a busy 2-core machine is no measure of a
+#: property), and in CI (``CI`` set) from a fixed seed, each failure printed with the blob that
+#: reproduces it (``@reproduce_failure``), and no example database to carry between runs.
+hypothesis_settings.register_profile("skewer", deadline=None, print_blob=True)
+hypothesis_settings.register_profile(
+    "skewer-ci", deadline=None, print_blob=True, derandomize=True, database=None
 )
+hypothesis_settings.load_profile("skewer-ci" if os.environ.get("CI") else "skewer")
 
-
-def work_unit(nodeid: str) -> str:
-    """What ``--dist loadfile`` hands out whole: a test's module, or its module's group in
-    :data:`ONE_WORKER_GROUPS`.
-
-    >>> work_unit("tests/integration/test_compose_stack.py::test_down[pkg]")
-    'tests/integration/test_end_to_end.py'
-    >>> work_unit("tests/unit/test_heap.py::test_trim")
-    'tests/unit/test_heap.py'
-    """
-    module = nodeid.split("::", 1)[0]
-    return next((group[0] for group in ONE_WORKER_GROUPS if module in group), module)
+#: Where an integration test that failed keeps the stage and service logs of its runs.
+KEPT_LOGS = config.PROJECT_ROOT / ".cache" / "test-logs"
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile`` by :func:`work_unit`; any other mode as xdist has it."""
+    """``--dist loadfile`` by :func:`work_units.work_unit`, the longest units first
+    (:func:`work_units.order_units`); any other mode as xdist has it."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    class ByWorkUnit(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return work_unit(nodeid)
+    seconds = work_units.load_table(work_units.pass_name(config.stash[_BACKEND_KEY].name))
 
-    return ByWorkUnit(config, log)
+    class LongestFirst(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_units.work_unit(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            sizes = {unit: len(tests) for unit, tests in self.workqueue.items()}
+            self.workqueue.move_to_end(work_units.order_units(sizes, seconds)[0], last=False)
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -125,6 +125,30 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
     config.stash[_BACKEND_KEY] = choice
+
+
+#: Seconds of setup, call and teardown per work unit, summed as the session's reports arrive.
+_UNIT_SECONDS: dict[str, float] = {}
+_SESSION_STARTED = pytest.StashKey[float]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_SESSION_STARTED] = time.monotonic()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    unit = work_units.work_unit(report.nodeid)
+    _UNIT_SECONDS[unit] = _UNIT_SECONDS.get(unit, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The controller (or a session without workers) records what each unit took."""
+    config = session.config
+    if hasattr(config, "workerinput") or not _UNIT_SECONDS:
+        return
+    wall = time.monotonic() - config.stash[_SESSION_STARTED]
+    name = work_units.pass_name(config.stash[_BACKEND_KEY].name)
+    work_units.record(name, _UNIT_SECONDS, wall, int(exitstatus))
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -231,21 +255,6 @@ def settings(
         yield config.load()
 
 
-@pytest.fixture(scope="module")
-def one_cluster_at_a_time(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Hold, for a module's tests, a lock the test processes of one session share: the modules
-    that run clusters of their own, or two runs on one, take some 10 GB each, and two of them
-    side by side on a 24 GB machine left the kernel reclaiming memory, every process stalled
-    for minutes."""
-    lock = tmp_path_factory.getbasetemp().parent / "one-cluster-at-a-time.lock"
-    with lock.open("w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def claim_test_database(claims: redis_module.Redis) -> int:
     """The first database in :data:`TEST_REDIS_DBS` no live test session holds (a key in
     database 0 with this process's id, expiring after a day in case the session is killed)."""
@@ -305,3 +314,66 @@ def create_topic(kafka: str) -> Iterator[Callable[[str, int], str]]:
 
     yield create
     kafka_io.delete_topics(kafka, created)
+
+
+_TEST_STARTED = pytest.StashKey[float]()
+#: Files a failed test's logs are taken from: stage and service logs, Spark's executor logs.
+LOG_SUFFIXES = (".out", ".err", ".log", ".txt")
+LOG_NAMES = ("stderr", "stdout")
+#: A log longer than this is kept from its end.
+LOG_TAIL_BYTES = 8 << 20
+
+
+@pytest.fixture(autouse=True)
+def _integration_test_started(request: pytest.FixtureRequest) -> None:
+    if request.node.get_closest_marker("integration") is not None:
+        request.node.stash[_TEST_STARTED] = time.time()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """An integration test that failed keeps the logs its runs and services wrote while it ran
+    (:func:`keep_logs`), and its failure names the folder."""
+    report = yield
+    if report.failed and report.when in ("setup", "call") and _TEST_STARTED in item.stash:
+        folder = keep_logs(item, item.stash[_TEST_STARTED])
+        if folder is not None:
+            where = f"logs of this test's runs kept in {folder}"
+            if hasattr(report.longrepr, "addsection"):
+                report.longrepr.addsection("kept logs", where)
+            crash = getattr(report.longrepr, "reprcrash", None)
+            if crash is not None:
+                crash.message = f"{crash.message} [{where}]"
+    return report
+
+
+def keep_logs(item: pytest.Item, since: float) -> Path | None:
+    """Copy the logs written since ``since`` (a wall-clock time) to ``.cache/test-logs/TEST/``:
+    the stages' logs of every run in the session's run folder (``demo/RUN/``, another test's
+    running beside this one included) and every log under this pytest worker's temporary
+    folders (the runs and services of a test's own). Data files are left out (a Kafka
+    segment's name is its offset); the folder, or None if no log was written."""
+    sources = [
+        (config.load().run_dir / "demo", "runs"),
+        (item.config._tmp_path_factory.getbasetemp(), "tmp"),  # type: ignore[attr-defined]
+    ]
+    folder = KEPT_LOGS / _safe_name(item.nodeid.split("/")[-1])
+    shutil.rmtree(folder, ignore_errors=True)
+    kept = 0
+    for root, name in sources:
+        for path in root.rglob("*") if root.is_dir() else ():
+            is_log = path.suffix in LOG_SUFFIXES or path.name in LOG_NAMES
+            if not is_log or path.stem.isdigit() or not path.is_file():
+                continue
+            try:
+                if path.stat().st_mtime < since:
+                    continue
+                target = folder / name / path.relative_to(root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with path.open("rb") as source, target.open("wb") as copy:
+                    source.seek(max(0, path.stat().st_size - LOG_TAIL_BYTES))
+                    shutil.copyfileobj(source, copy)
+                kept += 1
+            except OSError:
+                continue  # deleted meanwhile
+    return folder if kept else None

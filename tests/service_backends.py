@@ -240,6 +240,27 @@ def choose_backend(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
     return ("docker" if answers else "native"), reason
 
 
+def require_part(missing: str, environ: Mapping[str, str] | None = None) -> None:
+    """Skip the calling test with ``missing`` (why a part it needs is not there, "" if none
+    is), except in a session forced onto the docker backend (``SKEWER_TEST_BACKEND=docker``,
+    CI's Docker pass), which makes every part first: there a missing part fails the test.
+
+    >>> require_part("")
+    >>> require_part("no plugin", {config.ENV_TEST_BACKEND: "docker"})
+    Traceback (most recent call last):
+    ...
+    Failed: in the Docker pass, no plugin
+    """
+    import pytest
+
+    if not missing:
+        return
+    env = os.environ if environ is None else environ
+    if env.get(config.ENV_TEST_BACKEND, "").strip().lower() == "docker":
+        pytest.fail(f"in the Docker pass, {missing}", pytrace=False)
+    pytest.skip(missing)
+
+
 def ryuk_image(environ: Mapping[str, str] | None = None) -> str:
     env = os.environ if environ is None else environ
     return env.get(ENV_RYUK_IMAGE, DEFAULT_RYUK_IMAGE)

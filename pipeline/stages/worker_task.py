@@ -397,14 +397,17 @@ def _summary_arrow_schema() -> pa.Schema:
     )
 
 
-def load_kernels() -> None:
+def load_kernels() -> WorkerBatch:
     """Load what every task uses (modules, compiled kernels) by running a task's pure part on
-    a small made-up batch (the workers' Python daemon does, before it forks them)."""
+    a small made-up batch (the workers' Python daemon does, before it forks them); the batch,
+    counted, its apply's arguments made."""
     inputs, _ = records.decode_input(
         records.encode_input(np.arange(64), np.zeros(64), np.arange(64))
     )
     values = records.encode_work(inputs, source=0, table_version=0)
     decoded = decode_partition([b"%d" % (i % 7) for i in range(64)], values)
-    to_worker_batch(
+    batch = to_worker_batch(
         decoded, np.zeros(64), worker=0, batch_id=0, now_ms=0, window_ms=10, n_sources=1
-    ).script_args("warm-up:", 1)
+    )
+    batch.script_args("warm-up:", 1)
+    return batch

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import advise
 from operators.advice import SOURCE_ORDER_SCHEMES
 from pipeline.io import config
 
@@ -57,7 +58,11 @@ def test_the_advise_benchmark_compares_each_stream_live(
         runs = stream["runs"]
         assert len(runs) == 3 and runs[-1]["label"] == "key", stream["name"]
         assert [run["rank"] for run in runs[:2]] == sorted(run["rank"] for run in runs[:2])
-        assert stream["ranking_agrees"] in (True, False, None)
+        # The verdict is the one its own runs' steady rates give, in the order advise ranked.
+        rates = {run["label"]: run["measured"].get("steady_rate") for run in runs}
+        verdict = advise.ranking_agrees([run["label"] for run in runs], rates)
+        assert stream["ranking_agrees"] is verdict, (stream["ranking_agrees"], rates)
+        assert (verdict is None) == (None in rates.values()), rates
         for run in runs:
             figures = {check["figure"]: check for check in run["checks"]}
             assert set(figures) == {"loads", "max/avg", "throughput", "p50", "p99"}

@@ -15,7 +15,8 @@ fail, must leave no container, volume or network of the project.
 Published ports go to a random loopback address of the test's own
 (:func:`free_loopback_address`), as the stack's host ports are the native services'.
 ``SKEWER_TEST_IMAGES=local`` adds deploy/images/local.env, as for the test fixtures. Skips with
-the reason unless a Docker engine answers and the Compose plugin is present (docs/testing.md).
+the reason unless a Docker engine answers and the Compose plugin is present, and in CI's Docker
+pass fails instead (:func:`service_backends.require_part`; docs/testing.md).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from service_backends import (
     IMAGE_VARIABLES,
     compose_command_environment,
     docker_engine_answers,
+    require_part,
     session_name,
     sweep_dead_sessions,
 )
@@ -109,13 +111,10 @@ def compose_environment() -> tuple[dict[str, str], str]:
     )
 
 
-ENVIRONMENT, SKIP_REASON = compose_environment()
-
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.docker,
-    pytest.mark.skipif(bool(SKIP_REASON), reason=SKIP_REASON or "runs"),
 ]
 
 
@@ -227,7 +226,14 @@ class StackOutcome:
 class Stack:
     """``docker compose`` on docker-compose.yml under the test's project name and env files."""
 
-    def __init__(self, project: str, env_file: Path, address: str, password: str) -> None:
+    def __init__(
+        self,
+        project: str,
+        env_file: Path,
+        address: str,
+        password: str,
+        environment: Mapping[str, str],
+    ) -> None:
         self.project = project
         self.address = address
         self.password = password
@@ -240,7 +246,7 @@ class Stack:
             env_file,
             os.environ.get(ENV_TEST_IMAGES, "").strip().lower() == "local",
         )
-        self.env = stack_environment(ENVIRONMENT)
+        self.env = stack_environment(environment)
 
     def compose(
         self, *args: str, timeout: float = 120.0, env: Mapping[str, str] | None = None
@@ -454,6 +460,8 @@ def take_down(stack: Stack) -> Down:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackOutcome]:
     """The whole story of the module docstring, steps 1 to 5; the tests check what it saw."""
+    environment, missing = compose_environment()
+    require_part(missing)
     # The session in the name lets a later session remove what a killed one left.
     project = f"{COMPOSE_TEST_PROJECT}{session_name()}"
     address = free_loopback_address()
@@ -474,12 +482,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackOutcome]:
             ]
         )
     )
-    stack = Stack(project, env_file, address, password)
+    stack = Stack(project, env_file, address, password, environment)
     outcome = StackOutcome(project)
     began = time.monotonic()
     import docker
 
-    with contextlib.closing(docker.from_env(environment=ENVIRONMENT)) as client:
+    with contextlib.closing(docker.from_env(environment=environment)) as client:
         for line in sweep_dead_sessions(client):
             print(f"\nskewer tests: removed {line}")
     try:

@@ -35,6 +35,7 @@ from live_runs import (
     wait_for,
 )
 
+from bench import chaos
 from pipeline.cli import app
 from pipeline.io import config
 from pipeline.io.spark_session import class_archive_path
@@ -47,7 +48,6 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.native_only("runs and kills a native Spark standalone cluster"),
-    pytest.mark.usefixtures("one_cluster_at_a_time"),
 ]
 
 CLUSTER = ["spark-master", "spark-worker-1", "spark-worker-2"]
@@ -121,27 +121,20 @@ def two_runs_on(
     return two_runs_at_the_fault_moment(settings, tag, spark_master=master, workers=4, **fields)
 
 
-#: How long a lost worker's executors may take to start again once it is back (their JVMs
-#: start on a machine busy with a run).
-REPLACEMENT_SECONDS = 120.0
-#: How long the runs go on without worker 1 before it is started again.
-WORKER_DOWN_SECONDS = 20.0
-#: How long a replacement's first micro-batches are watched: its JVM and Python workers take
-#: tens of seconds to start on a busy machine, and its first tasks as long again.
-COLD_EXECUTOR_SECONDS = 30.0
+#: How long a lost worker's executors may take to start again once it is back, and finish a
+#: task: a hang bound (their JVMs start on a machine busy with two runs).
+REPLACEMENT_SECONDS = 360.0
 
 
-def executors_on(settings: config.Settings, run_id: str, host: str) -> int:
-    """How many executors of run ``run_id`` run on the worker whose host is ``host``."""
-    return len(spark_standalone.executor_pids(settings, [run_id], host=host))
+def executors_on(settings: config.Settings, run_id: str, host: str) -> list[int]:
+    """The executors of run ``run_id`` on the worker whose host is ``host``."""
+    return spark_standalone.executor_pids(settings, [run_id], host=host)
 
 
-def applied_while(pipeline: Pipeline, seconds: float) -> tuple[int, int]:
-    """Records produced and records applied by ``pipeline`` over the next ``seconds``."""
-    before = pipeline.progress()
-    time.sleep(seconds)
-    after = pipeline.progress()
-    return after.produced - before.produced, after.processed - before.processed
+def batches_beyond(pipeline: Pipeline, processed: int, batches: int = 3) -> int:
+    """Records applied once ``batches`` more micro-batches than at ``processed`` are: a run
+    applies one batch at a time, so at least ``batches - 1`` were planned after that moment."""
+    return processed + batches * (pipeline.plan.max_records_per_batch or 1)
 
 
 def test_kill_9_of_a_spark_worker_under_two_runs_keeps_both_exact(
@@ -154,32 +147,35 @@ def test_kill_9_of_a_spark_worker_under_two_runs_keeps_both_exact(
     in flight. Recovery expected: each run's Spark re-runs its lost tasks on its executor on
     worker 2, which has a core for every task (a run asks for twice its tasks' cores), and
     the apply is idempotent per worker and batch, so a task that had applied is skipped; the
-    runs go on there, applying at least half of what is produced, with no second executor on
-    worker 2 (it is full: a replacement there would start beside the survivor, and its slow
-    first tasks could not be copied, as Spark copies only to another host). Then worker 1 is
-    started again; the longer pkg run gets its executor back there, and over its first
-    :data:`COLD_EXECUTOR_SECONDS` the run still applies half of what is produced (the cold
-    executor's slow first tasks are copied to worker 2). The migration completes. No stage of
-    either run restarts, and every (key, window) count of each equals its ground truth."""
+    pkg run goes on there (three more micro-batches applied while worker 1 is down), with no
+    second executor on worker 2 (it is full: a replacement there would start beside the
+    survivor, and its slow first tasks could not be copied, as Spark copies only to another
+    host). Then worker 1 is started again, and the pkg run gets an executor back there that
+    finishes tasks. The migration completes. No stage of either run restarts, and every (key,
+    window) count of each equals its ground truth. (How long a cold replacement holds a run
+    back is the soak's measure: docs/performance.md#the-soak.)"""
     worker = SparkWorkerService(settings, 1)
     record = process.read_pid_file(worker.pid_path)
     if record is None:
         pytest.skip("the Spark workers are not this checkout's (started by someone else)")
-    # Both streams (100 s) outlast the worker's absence and its executors' return, so worker 2
-    # stays full while worker 1 is down, as in a soak.
-    with two_runs_on(whole_cluster, settings, "spark-worker", records=300_000) as pipelines:
+    # The pkg stream (60 s) outlasts the worker's absence and its executor's return; the mixed
+    # one (30 s) its absence, so worker 2 stays full meanwhile, as in a soak.
+    with two_runs_on(
+        whole_cluster, settings, "spark-worker", records=180_000, mixed={"records": 90_000}
+    ) as pipelines:
         pkg = pipelines[0]
         survivor, lost = (spark_standalone.worker_host(settings, i) for i in (2, 1))
-        assert executors_on(settings, pkg.plan.run_id, lost) == 1, "one executor on worker 1"
+        assert len(executors_on(settings, pkg.plan.run_id, lost)) == 1, "one executor on worker 1"
+        at_kill = pkg.progress().processed
         assert process.kill(record), "spark-worker-1 was not running"
         # Reaped before the restart, so its web UI port is free for the new worker.
         assert process.wait_gone(record, timeout=10), "the killed worker is still there"
-        produced, applied = applied_while(pkg, WORKER_DOWN_SECONDS)
-        assert applied >= produced / 2, (
-            f"{applied:,} records applied in the {WORKER_DOWN_SECONDS:.0f} s after worker 1 "
-            f"was lost, of {produced:,} produced meanwhile"
+        wait_for(
+            pkg,
+            lambda p: p.processed >= batches_beyond(pkg, at_kill),
+            "three micro-batches of pkg applied on worker 2 while worker 1 is down",
         )
-        on_survivor = [executors_on(settings, p.plan.run_id, survivor) for p in pipelines]
+        on_survivor = [len(executors_on(settings, p.plan.run_id, survivor)) for p in pipelines]
         assert on_survivor == [1, 1], (
             f"each run's executors on worker 2: {on_survivor} (one each expected, no replacement)"
         )
@@ -187,18 +183,19 @@ def test_kill_9_of_a_spark_worker_under_two_runs_keeps_both_exact(
         states = manager.acquire(settings, [worker.name])
         assert [s.state for s in states] == ["started"]
         deadline = time.monotonic() + REPLACEMENT_SECONDS
-        while executors_on(settings, pkg.plan.run_id, lost) == 0:
+        while not any(
+            chaos.executor_says(pid, chaos.SERVED)
+            for pid in executors_on(settings, pkg.plan.run_id, lost)
+        ):
+            pkg.check()
+            assert pkg.progress().processed < pkg.plan.records, (
+                "the pkg run ended before its executor on worker 1 finished a task"
+            )
             assert time.monotonic() < deadline, (
-                f"pkg's lost executor was not started again on worker 1 within "
-                f"{REPLACEMENT_SECONDS:.0f} s of its restart"
+                f"no executor of pkg on worker 1 finished a task within "
+                f"{REPLACEMENT_SECONDS:.0f} s of the worker's restart"
             )
             time.sleep(0.5)
-        produced, applied = applied_while(pkg, COLD_EXECUTOR_SECONDS)
-        assert produced > 0, "the pkg stream ended before its executor came back"
-        assert applied >= produced / 2, (
-            f"{applied:,} records applied in the {COLD_EXECUTOR_SECONDS:.0f} s after pkg's "
-            f"executor started again on worker 1, of {produced:,} produced meanwhile"
-        )
         for pipeline in pipelines:
             check_exact_without_restarts(pipeline)
 
@@ -224,21 +221,16 @@ def test_kill_9_of_an_executor_of_each_trigger_under_two_runs_keeps_both_exact(
             check_exact_without_restarts(pipeline)
 
 
-#: How long the stalled executor stays stopped: ten times the speculation's two seconds.
-STALL_SECONDS = 20.0
-
-
 def test_a_stopped_executors_tasks_are_copied_to_the_other_worker_and_the_run_stays_exact(
     whole_cluster: str, settings: config.Settings
 ) -> None:
     """What is done: one of a micro-batch run's two executors is stopped (SIGSTOP) for
-    :data:`STALL_SECONDS`, then resumed: an executor that stalls, as a replacement does while
-    its JVM and Python daemon start on a busy machine, or one in a long pause. When: a fifth of
-    the records processed, with 20 s of the paced stream left. Expected: each task stuck on it
-    gets a speculative copy on the executor of the other worker (a host of its own), so the
-    micro-batches go on while it is stopped, and the run applies at least half of what is
-    produced meanwhile (without the copies every batch would wait for it; with Spark's default
-    3 s locality wait, each batch would first wait that long for its cores).
+    a while, then resumed: an executor that stalls, as a replacement does while its JVM and
+    Python daemon start on a busy machine, or one in a long pause. When: a fifth of the records
+    processed, with 20 s of the paced stream left. Expected: each task stuck on it gets a
+    speculative copy on the executor of the other worker (a host of its own), so the
+    micro-batches go on while it is stopped: three more are applied before it resumes
+    (without the copies every batch would wait for it).
     When it resumes, its late attempts apply nothing twice (the apply is idempotent per worker
     and batch). No stage restarts, and every (key, window) count equals the ground truth.
     Before the stall, each executor maps the driver's class archive, was warmed by the job's
@@ -261,18 +253,14 @@ def test_a_stopped_executors_tasks_are_copied_to_the_other_worker_and_the_run_st
             assert "warmed the Python daemon and 4 idle workers" in log, log[-2000:]
             daemons = process.child_pids(pid, PYTHON_DAEMON_MODULE.encode())
             assert len(daemons) == 1, f"executor {pid} runs Python daemons {daemons}"
+        at_stop = pipeline.progress().processed
         os.kill(victims[0], signal.SIGSTOP)
         try:
-            before = pipeline.progress()
-            time.sleep(STALL_SECONDS)
-            during = pipeline.progress()
+            wait_for(
+                pipeline,
+                lambda p: p.processed >= batches_beyond(pipeline, at_stop),
+                "three micro-batches applied while an executor is stopped",
+            )
         finally:
             os.kill(victims[0], signal.SIGCONT)
-        produced = during.produced - before.produced
-        applied = during.processed - before.processed
-        assert produced > 0, "the stream ended before the stall"
-        assert applied >= produced / 2, (
-            f"{applied:,} records applied while an executor was stopped for "
-            f"{STALL_SECONDS:.0f} s, of {produced:,} produced meanwhile"
-        )
         check_exact_without_restarts(pipeline)

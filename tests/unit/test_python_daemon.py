@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pyspark
@@ -26,7 +27,13 @@ def test_the_daemon_module_is_the_one_the_job_names() -> None:
 
 
 def test_loading_the_kernels_runs_a_tasks_pure_part() -> None:
-    load_kernels()  # raises if the decode, count or script-argument path breaks
+    # 64 made-up records, record i of key i mod 7 at i ms, in windows of 10 ms: each (window,
+    # key) counted once.
+    batch = load_kernels()
+    expected = Counter((i // 10 * 10, b"%d" % (i % 7)) for i in range(64))
+    counted = zip(batch.windows.tolist(), batch.keys.to_list(), batch.counts.tolist(), strict=True)
+    assert {(window, key): count for window, key, count in counted} == expected
+    assert batch.records == 64
 
 
 def test_what_the_daemon_loads_is_frozen_out_of_the_collectors_sight() -> None:
