@@ -33,8 +33,11 @@ from pipeline.runs.orchestrator import Pipeline, start_together
 from pipeline.runs.plan import RunPlan
 from pipeline.runs.summary import RunSummary
 
-#: Seconds the stages of one run may take (several share two cores).
-RUN_TIMEOUT = 300.0
+#: How long a run may go without any progress (records produced, grouped, applied, windows
+#: closed) before a wait on it fails: a hang. A slow machine makes progress, only more slowly,
+#: so no wait bounds a run's speed; a run that stalls this long on a machine three times slower
+#: than this one is stuck.
+STALL_SECONDS = 180.0
 #: A run plan's fields for a run in Spark's Real-Time Mode (which has no micro-batch size).
 REAL_TIME_FIELDS: dict[str, Any] = {"trigger": config.REAL_TIME, "max_records_per_batch": None}
 
@@ -54,11 +57,55 @@ def run_of(plan: RunPlan, settings: config.Settings) -> Iterator[Pipeline]:
         pipeline.close()
 
 
+class ProgressWatch:
+    """Fails a wait on ``pipeline`` once its progress has stood still for
+    :data:`STALL_SECONDS`: :meth:`saw` each progress read, or :meth:`look` to read one."""
+
+    def __init__(self, pipeline: Pipeline, what: str) -> None:
+        self.pipeline, self.what = pipeline, what
+        self.last: tuple[int, ...] | None = None
+        self.moved = time.monotonic()
+
+    def saw(self, progress: Any) -> None:
+        figures = (progress.produced, progress.grouped, progress.processed, progress.windows_final)
+        if figures != self.last:
+            self.last, self.moved = figures, time.monotonic()
+        assert time.monotonic() - self.moved < STALL_SECONDS, (
+            f"waiting for {self.what}: the run made no progress for {STALL_SECONDS:.0f} s "
+            f"({progress.line(self.pipeline.plan.records)})"
+        )
+
+    def look(self) -> None:
+        self.saw(self.pipeline.progress())
+
+
+def wait_for_stages(pipeline: Pipeline, stages: list[str] | None = None) -> None:
+    """Until every stage of ``stages`` (default: all started) exited 0; fails at once when one
+    fails, and when the run made no progress for :data:`STALL_SECONDS`."""
+    watch = ProgressWatch(pipeline, f"{', '.join(stages or pipeline.stages)} to end")
+    pipeline.wait(stages, on_progress=watch.saw, progress_every=2.0)
+
+
+def run_watched(plan: RunPlan, settings: config.Settings) -> RunSummary:
+    """``run_pipeline(plan)``, the one way to run a plan whole, failing when the run made no
+    progress for :data:`STALL_SECONDS`."""
+    from pipeline.runs.orchestrator import run_pipeline
+
+    watch: list[ProgressWatch] = []
+    return run_pipeline(
+        plan,
+        settings,
+        on_start=lambda pipeline: watch.append(ProgressWatch(pipeline, "the run to end")),
+        on_progress=lambda progress: watch[0].saw(progress),
+    )
+
+
 def start_worker_query(
     plan: RunPlan, settings: config.Settings, spark: Any
-) -> Callable[[float], None]:
+) -> Callable[[Pipeline], None]:
     """Start ``plan``'s workers as a query in ``spark`` on a thread of their own; returns
-    ``join(timeout)``, which fails unless the worker job ended within ``timeout`` without error."""
+    ``join(pipeline)``, which waits for the worker job to end and fails if it ended with an
+    error, or if the run made no progress for :data:`STALL_SECONDS` meanwhile."""
     from pipeline.stages import worker_job
 
     failure: list[BaseException] = []
@@ -72,16 +119,21 @@ def start_worker_query(
     worker = threading.Thread(target=work, name=f"work-{plan.run_id}", daemon=True)
     worker.start()
 
-    def join(timeout: float) -> None:
-        worker.join(timeout)
+    def join(pipeline: Pipeline) -> None:
+        watch = ProgressWatch(pipeline, "the worker job to end")
+        while worker.is_alive() and not failure:
+            worker.join(2.0)
+            try:
+                watch.look()
+            except AssertionError as stalled:
+                report = report_hang(spark, plan.run_id)
+                raise AssertionError(f"{plan.run_id}: {stalled}; {report}") from None
+        worker.join(30)
         # Where it failed, not only why: a lost py4j connection reads "X does not exist in the
         # JVM" whichever call it broke.
         if failure:
             where = "".join(traceback.format_exception(failure[0])[-12:])
             raise AssertionError(f"{plan.run_id}: the worker job failed: {failure[0]}\n{where}")
-        if worker.is_alive():
-            report = report_hang(spark, plan.run_id)
-            raise AssertionError(f"{plan.run_id}: the worker job did not finish; {report}")
 
     return join
 
@@ -176,32 +228,19 @@ def shared_spark_run(
         pipeline.start_all(others)
         if during is not None:
             during(pipeline)
-        pipeline.wait(["produce", "group"], timeout=RUN_TIMEOUT)
-        join_workers(RUN_TIMEOUT)
-        pipeline.wait([s for s in others if s not in ("produce", "group")], timeout=120)
+        wait_for_stages(pipeline, ["produce", "group"])
+        join_workers(pipeline)
+        wait_for_stages(pipeline, [s for s in others if s not in ("produce", "group")])
         yield pipeline
-
-
-#: How long a run may go without any progress (records produced, grouped, applied, windows
-#: closed) before a wait fails: a hang. A slow machine makes progress, only more slowly, so a
-#: wait bounds no speed; a run that stalls this long on a machine three times slower than this
-#: one is stuck.
-STALL_SECONDS = 180.0
 
 
 def wait_for(pipeline: Pipeline, condition: Any, what: str) -> None:
     """Poll the run's progress until ``condition(progress)``. A stage that died fails at once,
     and a run whose progress stood still for :data:`STALL_SECONDS` fails then."""
-    last, moved = None, time.monotonic()
+    watch = ProgressWatch(pipeline, what)
     while not condition(progress := pipeline.progress()):
         pipeline.check()
-        figures = (progress.produced, progress.grouped, progress.processed, progress.windows_final)
-        if figures != last:
-            last, moved = figures, time.monotonic()
-        assert time.monotonic() - moved < STALL_SECONDS, (
-            f"waiting for {what}: the run made no progress for {STALL_SECONDS:.0f} s "
-            f"({progress.line(pipeline.plan.records)})"
-        )
+        watch.saw(progress)
         time.sleep(0.05)
 
 
@@ -301,7 +340,7 @@ def kill_group_and_work_mid_run(
         pipeline.kill("work")
         assert pipeline.progress().processed < records_total
         pipeline.start("work")
-        pipeline.wait(timeout=RUN_TIMEOUT)
+        wait_for_stages(pipeline)
         summary = pipeline.summary()
     assert summary.restarts == {"group": 1, "work": 1}
     assert summary.verification.exact, "\n".join(summary.verification.lines())
@@ -381,9 +420,9 @@ def wait_until_each_produces(pipelines: list[Pipeline]) -> None:
         wait_for(pipeline, lambda p: p.produced > 0, f"{pipeline.plan.run_id}'s first records")
 
 
-def check_exact_without_restarts(pipeline: Pipeline, timeout: float = RUN_TIMEOUT) -> None:
+def check_exact_without_restarts(pipeline: Pipeline) -> None:
     """Wait for the run's end, then :func:`assert_exact_without_restarts` on its summary."""
-    pipeline.wait(timeout=timeout)
+    wait_for_stages(pipeline)
     assert_exact_without_restarts(pipeline.summary(), pipeline.plan)
 
 

@@ -41,9 +41,9 @@ from grafana_dashboards import (
     substitute,
     variable_query,
 )
+from live_runs import run_watched
 
 from pipeline.io import config
-from pipeline.runs.orchestrator import run_pipeline
 from pipeline.runs.plan import RunPlan, new_run_id
 
 pytestmark = [
@@ -61,8 +61,6 @@ RATE = 1000.0  # records per second: 20,000 records last 20 s
 RECORDS = 20_000
 WORKERS = 8
 SOURCES = 2
-#: Seconds one run may take, Spark's start-up included.
-RUN_TIMEOUT = 120.0
 STEP_SECONDS = 2
 RATE_INTERVAL = "1m"
 #: Series only the controller of a routing-table scheme exports.
@@ -127,7 +125,7 @@ def live_runs(settings: config.Settings, prometheus: str) -> LiveRuns:
     # One after the other: run side by side on two cores, the two took 94 s instead of ~50 and
     # no window became final while the exporters ran (no replication or watermark series).
     for plan in plans.values():
-        run_pipeline(plan, settings, timeout=RUN_TIMEOUT)
+        run_watched(plan, settings)
     # The last scrapes and rule evaluations of the runs' final seconds.
     time.sleep(3)
     end = time.time()

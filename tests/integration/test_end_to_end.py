@@ -30,11 +30,11 @@ import mmh3
 import numpy as np
 import pytest
 from live_runs import (
-    RUN_TIMEOUT,
     kill_group_and_work_mid_run,
     run_of,
     shared_spark_run,
     start_worker_query,
+    wait_for_stages,
 )
 
 from pipeline.io import config, kafka_io, records
@@ -252,9 +252,9 @@ def test_bad_records_go_to_dead_letters_and_valid_ones_are_counted_exactly(
 
         join_workers = start_worker_query(plan, settings, spark)
         pipeline.start_all(["aggregate", "group"])
-        pipeline.wait(["group"], timeout=RUN_TIMEOUT)
-        join_workers(RUN_TIMEOUT)
-        pipeline.wait(timeout=60)
+        wait_for_stages(pipeline, ["group"])
+        join_workers(pipeline)
+        wait_for_stages(pipeline)
         summary = pipeline.summary()
 
         verification = verify_run(store)

@@ -20,6 +20,7 @@ import urllib.request
 from typing import Any
 
 import pytest
+from live_runs import wait_for_stages
 from prometheus_client.parser import text_string_to_metric_families
 
 from operators.metrics import imbalance, max_avg_ratio
@@ -147,7 +148,7 @@ def test_every_stage_exports_and_prometheus_agrees_with_redis(
         pipeline.prepare()
         reader.start()
         pipeline.start_all()
-        pipeline.wait(timeout=150)
+        wait_for_stages(pipeline)
         ended = time.time()
         reader.stopping.set()
         reader.join(5)

@@ -13,7 +13,12 @@ counting anything twice (docs/design.md#real-time-mode).
 from __future__ import annotations
 
 import pytest
-from live_runs import REAL_TIME_FIELDS, check_exact_without_restarts, two_runs_at_the_fault_moment
+from live_runs import (
+    REAL_TIME_FIELDS,
+    check_exact_without_restarts,
+    two_runs_at_the_fault_moment,
+    wait_for_stages,
+)
 
 from pipeline.io import config
 
@@ -36,7 +41,7 @@ def test_pkg_to_its_end_and_mixed_through_a_kill_9_of_its_driver_mid_migration_a
         assert mixed.progress().processed < mixed.plan.records, "killed after the end"
         mixed.start("work")
         check_exact_without_restarts(pkg)
-        mixed.wait(timeout=300)
+        wait_for_stages(mixed)
         summary = mixed.summary()
         assert summary.restarts == {"work": 1}
         assert summary.verification.exact, "\n".join(summary.verification.lines())

@@ -47,8 +47,8 @@ def test_too_few_cores_on_the_live_workers_are_refused_once_settled(
     spark = cluster_session(monkeypatch, lambda t: 2, alive=2)
     started = time.monotonic()
     with pytest.raises(SparkClusterError) as refusal:
-        require_executor_cores(spark, 4, master_web_url=WEB_URL, settle=0.3, timeout=5)
-    assert time.monotonic() - started < 2
+        require_executor_cores(spark, 4, master_web_url=WEB_URL, settle=0.3, timeout=60)
+    assert time.monotonic() - started < 30  # once settled, not at the timeout
     assert "offers 2 executor core(s) (its live workers have 2 in all), fewer than the 4" in str(
         refusal.value
     )
@@ -60,8 +60,8 @@ def test_without_the_masters_word_the_settled_cores_are_all_there_is(
     spark = cluster_session(monkeypatch, lambda t: 2, alive=8)
     started = time.monotonic()
     with pytest.raises(SparkClusterError, match=r"offers 2 executor core\(s\), fewer than"):
-        require_executor_cores(spark, 4, master_web_url=None, settle=0.3, timeout=5)
-    assert time.monotonic() - started < 2
+        require_executor_cores(spark, 4, master_web_url=None, settle=0.3, timeout=60)
+    assert time.monotonic() - started < 30  # once settled, not at the timeout
 
 
 def test_cores_that_never_come_are_refused_at_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,4 +69,4 @@ def test_cores_that_never_come_are_refused_at_the_limit(monkeypatch: pytest.Monk
     started = time.monotonic()
     with pytest.raises(SparkClusterError, match="offers 2 executor core"):
         require_executor_cores(spark, 4, master_web_url=WEB_URL, settle=0.2, timeout=1.0)
-    assert 1.0 <= time.monotonic() - started < 3
+    assert time.monotonic() - started >= 1.0

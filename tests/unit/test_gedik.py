@@ -9,7 +9,6 @@ split we could derive), so the hand cases below are our own, small enough to fol
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -461,25 +460,6 @@ def test_simulator_rebalances_with_the_same_plan() -> None:
     for record in result.migrations:
         assert record["table_entries"] > 0
         assert 0 <= record["migrated_state"] <= record["total_state"]
-
-
-def test_planning_10e6_keys_under_a_second() -> None:
-    n_keys = 1_000_000
-    frequency = 1.0 / np.arange(1, n_keys + 1)
-    frequency *= 2_000_000 / frequency.sum()
-    ids = np.sort(KeyBatch.from_ints(np.arange(n_keys)).key_ids())
-    stats = KeyStatistics(ids, frequency, frequency, frequency, np.zeros(10), 2_000_000)
-    for cls in (Scan, Redist):
-        scheme = cls(10)
-        scheme.plan(stats)  # compile, build the ring
-        best = min(_timed(scheme.plan, stats) for _ in range(3))
-        assert best < 1.0, f"{cls.name}: {best:.2f} s"
-
-
-def _timed(function, *args) -> float:
-    began = time.perf_counter()
-    function(*args)
-    return time.perf_counter() - began
 
 
 # --- Experiment 5 -------------------------------------------------------------------------------
