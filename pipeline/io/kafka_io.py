@@ -224,20 +224,13 @@ def committed_offset(consumer: Any, partition: Any, timeout: float = 60.0) -> An
 
 
 #: What a broker answers about a partition whose leader is moving (a broker of a cluster died
-#: or came back): the new leader answers the same request shortly after. ``_UNKNOWN_PARTITION``,
-#: ``_TIMED_OUT`` and ``_DESTROY_BROKER`` are the client's own: its metadata can lack the
-#: partition, or name the dead leader, which never answers (docs/design.md#spark-pitfalls), or
-#: the ask was on the dead leader's connection when the client dropped it; it does not ask again
-#: by itself: each retry asks for the topic's metadata (callers know the topic exists).
+#: or came back): the new leader answers the same request shortly after. The client's own: its
+#: metadata can lack the partition, name the dead leader, which never answers, or the ask was on
+#: the dead leader's dropped connection (docs/design.md#spark-pitfalls); it does not ask again by
+#: itself: each retry asks for the topic's metadata (callers know the topic exists).
 LEADER_MOVING = (
-    "NOT_LEADER_FOR_PARTITION",
-    "LEADER_NOT_AVAILABLE",
-    "FENCED_LEADER_EPOCH",
-    "UNKNOWN_LEADER_EPOCH",
-    "_TRANSPORT",
-    "_UNKNOWN_PARTITION",
-    "_TIMED_OUT",
-    "_DESTROY_BROKER",
+    *("NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "FENCED_LEADER_EPOCH"),
+    *("UNKNOWN_LEADER_EPOCH", "_TRANSPORT", "_UNKNOWN_PARTITION", "_TIMED_OUT", "_DESTROY_BROKER"),
 )
 #: The longest one ask for offsets waits, so that a dead leader's silence costs one slice.
 OFFSETS_ASK_SECONDS = 5.0
