@@ -4,7 +4,8 @@
 # starts, the rest on the native services; then the engine is taken down with everything it
 # started.
 #
-#   1. In the background, niced: the Docker engine's own test (tests/integration/
+#   1. In the background, at the lowest CPU and I/O priority (what dockerd runs inherits it):
+#      the Docker engine's own test (tests/integration/
 #      test_docker_engine.py: Debian's docker.io installed the first time, the Compose plugin
 #      fetched from PyPI, an engine of its own started, used and taken down without a trace),
 #      alone, before any other engine runs; then `skewer services up docker` and
@@ -31,6 +32,8 @@ eval "PYTEST_ARGS=(${PYTEST_ARGS:?run by make test})"
 eval "DOCKER_TESTS=(${DOCKER_TESTS:?run by make test})"
 RUN_DIR=${SKEWER_RUN_DIR:-.cache/run}
 PREPARE_LOG=$RUN_DIR/docker-prepare.log
+# The preparation gives way to the native pass's tests, which wait on their services.
+LOWEST="nice -n 19 ionice -c 3"
 # The native pass's output is kept: CI shows the tail of a run, where the Docker pass's summary
 # would hide which native test failed, so that pass's short summary is printed again at the end.
 NATIVE_LOG=$RUN_DIR/native-pass.log
@@ -64,9 +67,9 @@ set -m # the preparation gets a process group of its own, which finish() can sto
 (
 	started=$(date +%s)
 	SKEWER_TEST_DOCKER_ENGINE=1 SKEWER_TEST_BACKEND=native SKEWER_TEST_PASS=docker-engine \
-		nice -n 10 $BIN/pytest -p no:cacheprovider -q -rs --timeout=900 tests/integration/test_docker_engine.py &&
-		nice -n 10 $BIN/skewer services up docker &&
-		nice -n 10 $BIN/skewer images build --local
+		$LOWEST $BIN/pytest -p no:cacheprovider -q -rs --timeout=900 tests/integration/test_docker_engine.py &&
+		$LOWEST $BIN/skewer services up docker &&
+		$LOWEST $BIN/skewer images build --local
 	status=$?
 	echo "run-with-docker: engine and images ready in $(($(date +%s) - started)) s (exit $status)"
 	exit $status
