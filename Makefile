@@ -16,10 +16,10 @@ DEMO_ARGS ?= --scheme pkg --records 100000 --verify
 # Two pytest workers, a test file each at a time (module fixtures run once): most live tests
 # wait on JVM starts, paced producers and closing windows, so two share two cores well. Test
 # sessions side by side are safe by design: leases on the shared services, a Redis database
-# per session, private services on random ports; `PYTEST_ARGS=...` runs one worker. Files go
-# out longest first, by tests/module_durations.json (`make test-durations` refreshes it from
-# the last run), and the modules that must not run side by side go to one worker as a group
-# (tests/work_units.py).
+# per session, private services on random ports; `PYTEST_ARGS=...` runs one worker. The unit
+# tests go first (they compile the kernels the live stages load), then the integration modules
+# longest first, by tests/module_durations.json (`make test-durations` refreshes it from the last
+# run); modules that must not run side by side go to one worker as a group (tests/work_units.py).
 PYTEST_ARGS ?= --timeout=900 --durations=30 --numprocesses 2 --dist loadfile
 # The Docker-backed tests (tests/service_backends.py says which and why), run by test-docker and
 # by the Docker pass of `SKEWER_TEST_DOCKER=1 make test`.

@@ -37,7 +37,7 @@ from pipeline.runs.summary import RunSummary
 #: closed) before a wait on it fails: a hang. A slow machine makes progress, only more slowly,
 #: so no wait bounds a run's speed; a run that stalls this long on a machine three times slower
 #: than this one is stuck.
-STALL_SECONDS = 180.0
+STALL_SECONDS = 300.0
 #: A run plan's fields for a run in Spark's Real-Time Mode (which has no micro-batch size).
 REAL_TIME_FIELDS: dict[str, Any] = {"trigger": config.REAL_TIME, "max_records_per_batch": None}
 

@@ -1,10 +1,13 @@
 """What the test session's two pytest workers are handed, and in what order.
 
 ``--dist loadfile`` hands out a test module whole (its module fixtures run once), or a group of
-modules that must not run beside each other (:data:`ONE_WORKER_GROUPS`). Units go out longest
-first, by the seconds each took in a recorded run (``tests/module_durations.json``, one table per
-service backend), so the long one-test modules start early instead of setting the tail; a unit
-the table does not know goes after the known ones, by its number of tests.
+modules that must not run beside each other (:data:`ONE_WORKER_GROUPS`). The modules outside
+tests/integration/ go first: they compile the numba kernels every live stage then loads from
+numba's cache (in a fresh checkout a stage compiling its own kept a run still for minutes on a
+busy machine). Then the integration units go longest first, by the seconds each took in a
+recorded run (``tests/module_durations.json``, one table per pass), so the long one-test modules
+start early instead of setting the tail; a unit the table does not know goes after the known
+ones of its kind, by its number of tests.
 
 Every session records what its units took in ``.cache/test-durations/PASS.json`` (a pass is
 named by ``SKEWER_TEST_PASS``, else by its service backend);
@@ -17,8 +20,10 @@ Example:
     'tests/integration/test_kafka_cluster.py'
     >>> work_unit("tests/unit/test_heap.py::test_trim")
     'tests/unit/test_heap.py'
-    >>> order_units({"a.py": 3, "b.py": 1, "c.py": 5}, {"b.py": 300.0, "c.py": 20.0})
-    ['b.py', 'c.py', 'a.py']
+    >>> integration = "tests/integration/test_"
+    >>> units = {"tests/unit/test_a.py": 30, integration + "b.py": 1, integration + "c.py": 5}
+    >>> order_units(units, {integration + "b.py": 300.0, integration + "c.py": 20.0})
+    ['tests/unit/test_a.py', 'tests/integration/test_b.py', 'tests/integration/test_c.py']
 """
 
 from __future__ import annotations
@@ -71,12 +76,19 @@ def work_unit(nodeid: str) -> str:
     return next((group[0] for group in ONE_WORKER_GROUPS if module in group), module)
 
 
+INTEGRATION = "tests/integration/"
+
+
 def order_units(tests: Mapping[str, int], seconds: Mapping[str, float]) -> list[str]:
-    """Units (``tests``: unit -> number of tests) longest first: those with ``seconds`` by them,
-    then the others by number of tests."""
-    return sorted(tests, key=lambda unit: (unit in seconds, seconds.get(unit, 0.0), tests[unit]))[
-        ::-1
-    ]
+    """Units (``tests``: unit -> number of tests) in the order they go out: those outside
+    :data:`INTEGRATION` first; each kind longest first, those with ``seconds`` by them, then
+    the others by number of tests."""
+
+    def last_first(unit: str) -> tuple[bool, bool, float, int]:
+        integration = unit.startswith(INTEGRATION)
+        return (not integration, unit in seconds, seconds.get(unit, 0.0), tests[unit])
+
+    return sorted(tests, key=last_first, reverse=True)
 
 
 def load_table(name: str, path: Path = DURATIONS_TABLE) -> dict[str, float]:
