@@ -1,19 +1,14 @@
 """What the test session's two pytest workers are handed, and in what order.
 
-``--dist loadfile`` hands out a test module whole (its module fixtures run once), or a group of
-modules that must not run beside each other (:data:`ONE_WORKER_GROUPS`). The modules outside
-tests/integration/ go first: they compile the numba kernels every live stage then loads from
-numba's cache (in a fresh checkout a stage compiling its own kept a run still for minutes on a
-busy machine). Then the integration units go longest first, by the seconds each took in a
-recorded run (``tests/module_durations.json``, one table per pass), so the long one-test modules
-start early instead of setting the tail; a unit the table does not know goes after the known
-ones of its kind, by its number of tests.
+``--dist loadfile`` hands out a test module whole, or a group of modules that must not run
+beside each other (:data:`ONE_WORKER_GROUPS`): first the modules outside tests/integration/,
+which compile the numba kernels the live stages then load from numba's cache, then the rest
+longest first by ``tests/module_durations.json`` (docs/testing.md says why).
 
 Every session records what its units took in ``.cache/test-durations/PASS.json`` (a pass is
-named by ``SKEWER_TEST_PASS``, else by its service backend);
-``make test-durations`` writes the last ones into the committed table, and
-``python tests/work_units.py report`` prints the slowest units and the passes' times (the end of
-``.ci/run``).
+named by ``SKEWER_TEST_PASS``, else by its service backend); ``make test-durations`` writes them
+into the committed table, and ``python tests/work_units.py report`` prints the slowest units and
+the passes' times (the end of ``.ci/run``).
 
 Example:
     >>> work_unit("tests/integration/test_soak.py::test_five_minutes")
