@@ -234,6 +234,12 @@ def shared_spark_run(
         yield pipeline
 
 
+def batches_beyond(pipeline: Pipeline, processed: int, batches: int = 3) -> int:
+    """Records applied once ``batches`` more micro-batches than at ``processed`` are: a run
+    applies one batch at a time, so at least ``batches - 1`` were planned after that moment."""
+    return processed + batches * (pipeline.plan.max_records_per_batch or 1)
+
+
 def wait_for(pipeline: Pipeline, condition: Any, what: str) -> None:
     """Poll the run's progress until ``condition(progress)``. A stage that died fails at once,
     and a run whose progress stood still for :data:`STALL_SECONDS` fails then."""

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from live_runs import (
     assert_exact_without_restarts,
+    batches_beyond,
     fault_plan,
     free_ports,
     shared_spark_run,
@@ -261,12 +262,6 @@ def test_kill_9_of_the_transaction_coordinator_keeps_counts_exact(
     assert_exact_without_restarts(summary, plan)
 
 
-def three_batches_beyond(pipeline: Pipeline, processed: int) -> int:
-    """Records applied once three more micro-batches than at ``processed`` are: a run applies
-    one batch at a time, so at least two of them were planned after that moment."""
-    return processed + 3 * (pipeline.plan.max_records_per_batch or 1)
-
-
 def partition_leader(bootstrap: str, topic: str, partition: int) -> int:
     """The node id that leads ``partition`` of ``topic``."""
     from confluent_kafka.admin import AdminClient
@@ -298,7 +293,7 @@ def test_the_workers_go_on_applying_while_a_leader_of_their_topic_is_down(
         killed.append(leader)
         wait_for(
             pipeline,
-            lambda p: p.processed >= three_batches_beyond(pipeline, at_kill),
+            lambda p: p.processed >= batches_beyond(pipeline, at_kill),
             "three micro-batches applied while a leader of the work topic is down",
         )
         restart_node(cluster, node)
@@ -358,7 +353,7 @@ def test_the_workers_go_on_applying_when_leaders_move_back_to_their_preferred_no
         wait_in_sync(cluster.kafka_bootstrap, leader)
         assert partition_leader(cluster.kafka_bootstrap, plan.names.work_topic, 0) != leader
         at_election = pipeline.progress().processed
-        after = three_batches_beyond(pipeline, at_election)
+        after = batches_beyond(pipeline, at_election)
         assert after <= plan.records, "the stream ended before the leaders moved back"
         elect_preferred_leaders(cluster.kafka_bootstrap)
         assert partition_leader(cluster.kafka_bootstrap, plan.names.work_topic, 0) == leader

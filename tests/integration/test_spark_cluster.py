@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 from live_runs import (
     REAL_TIME_FIELDS,
+    batches_beyond,
     check_exact_without_restarts,
     fault_plan,
     run_of,
@@ -129,12 +130,6 @@ REPLACEMENT_SECONDS = 360.0
 def executors_on(settings: config.Settings, run_id: str, host: str) -> list[int]:
     """The executors of run ``run_id`` on the worker whose host is ``host``."""
     return spark_standalone.executor_pids(settings, [run_id], host=host)
-
-
-def batches_beyond(pipeline: Pipeline, processed: int, batches: int = 3) -> int:
-    """Records applied once ``batches`` more micro-batches than at ``processed`` are: a run
-    applies one batch at a time, so at least ``batches - 1`` were planned after that moment."""
-    return processed + batches * (pipeline.plan.max_records_per_batch or 1)
 
 
 def test_kill_9_of_a_spark_worker_under_two_runs_keeps_both_exact(
