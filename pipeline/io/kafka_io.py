@@ -224,12 +224,14 @@ def committed_offset(consumer: Any, partition: Any, timeout: float = 60.0) -> An
 
 
 #: What a broker answers about a partition whose leader is moving (a broker of a cluster died
-#: or came back): the new leader answers the same request shortly after. The client's own: its
+#: or came back): the new leader answers the same request shortly after (a new leader answers
+#: OFFSET_NOT_AVAILABLE until its high watermark has caught up, KIP-207). The client's own: its
 #: metadata can lack the partition, name the dead leader, which never answers, or the ask was on
 #: the dead leader's dropped connection (docs/design.md#spark-pitfalls); it does not ask again by
 #: itself: each retry asks for the topic's metadata (callers know the topic exists).
 LEADER_MOVING = (
     *("NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "FENCED_LEADER_EPOCH"),
+    "OFFSET_NOT_AVAILABLE",
     *("UNKNOWN_LEADER_EPOCH", "_TRANSPORT", "_UNKNOWN_PARTITION", "_TIMED_OUT", "_DESTROY_BROKER"),
 )
 #: The longest one ask for offsets waits, so that a dead leader's silence costs one slice.

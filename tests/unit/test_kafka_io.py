@@ -76,23 +76,26 @@ def test_offsets_are_asked_again_of_a_new_leader_when_the_first_ask_goes_unanswe
     assert all(ask <= OFFSETS_ASK_SECONDS for ask in consumer.asks)
 
 
-def test_offsets_asked_on_a_dropped_leaders_connection_are_asked_again() -> None:
-    """An ask on the dead leader's connection when the client drops it fails at once with
-    _DESTROY_BROKER (seen under a leader's kill -9): asked again, the new leader answers."""
+@pytest.mark.parametrize("error", ["_DESTROY_BROKER", "OFFSET_NOT_AVAILABLE"])
+def test_offsets_refused_while_a_leader_moves_are_asked_again(error: str) -> None:
+    """Asks that fail at once while a leader moves, both seen under a leader's kill -9: one on
+    the dead leader's connection as the client drops it (_DESTROY_BROKER), one to a new leader
+    whose high watermark has not caught up yet (OFFSET_NOT_AVAILABLE). Asked again, the new
+    leader answers."""
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
     from pipeline.io.kafka_io import watermark_offsets
 
-    class Dropped(_DeadLeaderConsumer):
+    class Refused(_DeadLeaderConsumer):
         def get_watermark_offsets(
             self, partition: object, timeout: float, cached: bool
         ) -> tuple[int, int]:
             self.asks.append(timeout)
             if not self.refreshed:
-                raise KafkaException(KafkaError(KafkaError._DESTROY_BROKER))
+                raise KafkaException(KafkaError(getattr(KafkaError, error)))
             return (0, 42)
 
-    consumer = Dropped()
+    consumer = Refused()
     assert watermark_offsets(consumer, TopicPartition("keys", 0), timeout=30) == (0, 42)
     assert len(consumer.asks) == 2
 
