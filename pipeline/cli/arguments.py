@@ -34,6 +34,7 @@ from pipeline.io.config import ENV_SPARK_MASTER, SCHEME_VARIABLE, check_spark_ma
 from pipeline.observe.exporter import ENV_METRICS_PORT, UNKNOWN_SCHEME, port_number
 
 if TYPE_CHECKING:
+    from pipeline.io.query.job import Job
     from pipeline.stages.user_topic import UserTopic
 
 #: A duration: a number and a unit (``500ms``, ``5s``, ``2m``, ``1h``); ``0`` alone is 0.
@@ -56,9 +57,19 @@ def add_command(
     return subparsers.add_parser(name, help=help, description=description)
 
 
-def add_window_argument(parser: argparse.ArgumentParser) -> None:
-    """``--window-ms``: the tumbling window's length, the same for every stage of a run."""
-    parser.add_argument("--window-ms", type=int, default=10_000, help="window length (10000)")
+#: The tumbling window's length when neither ``--window-ms`` nor a query says it.
+DEFAULT_WINDOW_MS = 10_000
+
+
+def add_window_argument(parser: argparse.ArgumentParser, *, by_query: bool = False) -> None:
+    """``--window-ms``: the tumbling window's length, the same for every stage of a run; with
+    ``by_query`` its default is None (a query's window, else :data:`DEFAULT_WINDOW_MS`)."""
+    parser.add_argument(
+        "--window-ms",
+        type=int,
+        default=None if by_query else DEFAULT_WINDOW_MS,
+        help=f"window length ({DEFAULT_WINDOW_MS})",
+    )
 
 
 def add_keep_results_argument(parser: argparse.ArgumentParser) -> None:
@@ -226,6 +237,15 @@ def parse_duration_ms(flag: str, text: str) -> int:
 #: metavar, help).
 INPUT_TOPIC_FLAGS = (
     (
+        "--query",
+        "SKEWER_QUERY",
+        "",
+        "SQL",
+        "your own windowed job in Spark SQL, instead of --input-topic, --key, --time and --sum: "
+        "SELECT url, window.start, count(*) AS hits FROM clicks GROUP BY url, "
+        "window(timestamp_millis(ts), '1 minute') (docs/query.md)",
+    ),
+    (
         "--input-topic",
         "SKEWER_INPUT_TOPIC",
         "",
@@ -275,36 +295,84 @@ def add_input_topic_arguments(parser: argparse.ArgumentParser) -> None:
     """A user's own topic as the input (:mod:`pipeline.stages.user_topic`); each flag's
     default is an environment variable, so a compose file can set them."""
     group = parser.add_argument_group(
-        "your own topic (instead of skewer's producers; defaults from SKEWER_INPUT_TOPIC, "
-        "SKEWER_KEY, SKEWER_TIME, SKEWER_SUM, SKEWER_MAX_OUT_OF_ORDER, SKEWER_IDLE_TIMEOUT)"
+        "your own topic (instead of skewer's producers; defaults from SKEWER_QUERY, "
+        "SKEWER_INPUT_TOPIC, SKEWER_KEY, SKEWER_TIME, SKEWER_SUM, SKEWER_MAX_OUT_OF_ORDER, "
+        "SKEWER_IDLE_TIMEOUT)"
     )
     for flag, variable, default, metavar, help in INPUT_TOPIC_FLAGS:
         value = os.environ.get(variable, default)
         group.add_argument(flag, default=value or default or None, metavar=metavar, help=help)
 
 
+def job_from_args(args: argparse.Namespace) -> Job | None:
+    """``--query``'s job (None without one); UsageError with one line for a query skewer cannot
+    run, one the live stages do not run yet, or one beside the flags it replaces."""
+    from pipeline.io.query.job import live_refusal
+    from pipeline.io.query.parse import QueryError, parse_query
+
+    if not getattr(args, "query", None):
+        return None
+    try:
+        job = parse_query(args.query)
+    except QueryError as error:
+        raise UsageError(str(error)) from None
+    replaced = [
+        flag
+        for flag, _, default, _, _ in INPUT_TOPIC_FLAGS[1:5]
+        if getattr(args, flag[2:].replace("-", "_")) not in (None, default)
+    ]
+    if replaced:
+        raise UsageError(
+            f"--query names the topic, key, event time and sums: drop {', '.join(replaced)}"
+        )
+    refusal = live_refusal(job)
+    if refusal is not None:
+        raise UsageError(f"--query: {refusal}")
+    return job
+
+
+def window_ms_from_args(
+    args: argparse.Namespace, job: Job | None, flag: str, flag_ms: int | None, default_ms: int
+) -> int:
+    """The run's window: the query's, else the window flag's (``flag_ms``, None when not
+    given), else ``default_ms``; UsageError for a window flag beside a query."""
+    if job is None:
+        return default_ms if flag_ms is None else flag_ms
+    if flag_ms is not None:
+        raise UsageError(f"--query says the window: drop {flag}")
+    return job.window.size_ms
+
+
 def user_topic_from_args(
-    args: argparse.Namespace, *, window_ms: int, lateness_ms: int
+    args: argparse.Namespace, *, window_ms: int, lateness_ms: int, job: Job | None = None
 ) -> UserTopic | None:
-    """The :class:`UserTopic` the flags of :func:`add_input_topic_arguments` describe (None
-    without ``--input-topic``); UsageError with one line for a bad extractor or duration."""
+    """The :class:`UserTopic` the flags of :func:`add_input_topic_arguments` describe, or
+    ``job`` (``--query``) when given (None for skewer's own stream); UsageError with one line
+    for a bad extractor or duration."""
     from pipeline.io import extractors
+    from pipeline.io.query.job import OWN_STREAM
     from pipeline.stages.user_topic import UserTopic
 
-    if not args.input_topic:
-        if args.sum:
+    topic, key, time, amount = args.input_topic, args.key, args.time, args.sum
+    if job is not None:
+        topic = None if job.table == OWN_STREAM else job.table
+        key, time = job.route_on.spec.text, job.time.text if job.time is not None else time
+        summed = [job.column(a.column).spec.text for a in job.aggregates if a.column]
+        amount = summed[0] if summed else None
+    if not topic:
+        if amount:
             raise UsageError(
-                f"--sum {args.sum} needs --input-topic: skewer's own records carry no amount"
+                f"--sum {amount} needs --input-topic: skewer's own records carry no amount"
             )
         return None
     try:
         extractor = extractors.Extractor(
-            key=extractors.parse_key(args.key),
-            time=extractors.parse_time(args.time),
-            amount=extractors.parse_amount(args.sum) if args.sum else None,
+            key=extractors.parse_key(key),
+            time=extractors.parse_time(time),
+            amount=extractors.parse_amount(amount) if amount else None,
         )
         topic = UserTopic(
-            topic=args.input_topic,
+            topic=topic,
             extractor=extractor,
             max_out_of_order_ms=parse_duration_ms("--max-out-of-order", args.max_out_of_order),
             idle_timeout_ms=parse_duration_ms("--idle-timeout", args.idle_timeout),

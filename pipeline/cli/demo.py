@@ -91,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--rate", type=float, metavar="R", help="pace the producers at R records/s (real time)"
     )
     parser.add_argument(
-        "--window", type=float, default=10.0, metavar="SECONDS", help="tumbling window (10)"
+        "--window", type=float, metavar="SECONDS", help="tumbling window (10; a query says its own)"
     )
     parser.add_argument(
         "--cpu-cost-us", type=float, default=0.0, metavar="C", help="per-record work, µs (0)"
@@ -178,18 +178,23 @@ def plan_from_args(args: argparse.Namespace, settings: Settings) -> RunPlan:
     """The run the flags describe (:func:`pipeline.runs.plan.plan_run`); UsageError with one
     line for a bad one."""
     from pipeline.cli.arguments import (
+        DEFAULT_WINDOW_MS,
         UsageError,
+        job_from_args,
         spark_master_from_args,
         trigger_from_args,
         user_topic_from_args,
+        window_ms_from_args,
     )
     from pipeline.io import config
     from pipeline.runs.plan import plan_run
 
     scheme = config.resolve_scheme(args.scheme, DEFAULT_SCHEME)
     spark_master = spark_master_from_args(args, settings.spark_master)
-    window_ms = round(args.window * 1000)
-    user_topic = user_topic_from_args(args, window_ms=window_ms, lateness_ms=0)
+    job = job_from_args(args)
+    flag_ms = None if args.window is None else round(args.window * 1000)
+    window_ms = window_ms_from_args(args, job, "--window", flag_ms, DEFAULT_WINDOW_MS)
+    user_topic = user_topic_from_args(args, window_ms=window_ms, lateness_ms=0, job=job)
     own_topic = {}
     if user_topic is not None:
         amount = user_topic.extractor.amount

@@ -71,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "reporting after every N/S of its own (as skewer control --every N); default: when "
         "the controller opens a round",
     )
-    add_window_argument(parser)
+    add_window_argument(parser, by_query=True)
     parser.add_argument(
         "--lateness-ms", type=int, default=0, help="the aggregator's allowed lateness (0)"
     )
@@ -88,14 +88,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from operators.params import parse_params
-    from pipeline.cli.arguments import UsageError, require_at_least, user_topic_from_args
+    from pipeline.cli.arguments import (
+        DEFAULT_WINDOW_MS,
+        UsageError,
+        job_from_args,
+        require_at_least,
+        user_topic_from_args,
+        window_ms_from_args,
+    )
     from pipeline.io import config, kafka_io
     from pipeline.stages import grouping
 
     require_at_least(1, ("--commit-interval-ms", args.commit_interval_ms))
     scheme = config.resolve_scheme(args.scheme, DEFAULT_SCHEME)
     settings = config.load()
-    user_topic = user_topic_from_args(args, window_ms=args.window_ms, lateness_ms=args.lateness_ms)
+    job = job_from_args(args)
+    args.window_ms = window_ms_from_args(
+        args, job, "--window-ms", args.window_ms, DEFAULT_WINDOW_MS
+    )
+    user_topic = user_topic_from_args(
+        args, window_ms=args.window_ms, lateness_ms=args.lateness_ms, job=job
+    )
     if args.sources is None:
         args.sources = 1
         if user_topic is not None:

@@ -1,0 +1,97 @@
+"""``--query`` at the command line: a query skewer cannot run stops ``skewer demo`` and ``skewer
+group`` before anything starts, with one line and exit 2; one it runs becomes the same reading of
+the topic as the flags it replaces."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from pipeline.cli.app import build_parser, main
+from pipeline.cli.arguments import job_from_args, user_topic_from_args
+
+GROUPED = "GROUP BY url, window(timestamp_millis(ts), '1 minute')"
+
+#: Ten queries skewer refuses, malformed or beyond what it runs, and a word of each line.
+REFUSED = [
+    ("SELECT url, count(*) FROM clicks GROUP BY url, window(ts, '1 minute'", "not Spark SQL"),
+    ("SELECT url, count(*) FROM clicks " + GROUPED + " HAVING count(*) > 1", "HAVING"),
+    ("SELECT url, count(*) FROM clicks JOIN users ON clicks.u = users.u " + GROUPED, "JOIN"),
+    ("SELECT url, count(*) FROM (SELECT url, ts FROM clicks) " + GROUPED, "subquery"),
+    ("SELECT url, stddev(ms) FROM clicks " + GROUPED, "stddev()"),
+    ("SELECT url, count(*) FROM clicks GROUP BY url, window(ts, '1 fortnight')", "duration"),
+    ("SELECT url, count(*) FROM clicks GROUP BY url", "0 windows"),
+    ("SELECT url, ms, count(*) FROM clicks " + GROUPED, "neither grouped nor aggregated"),
+    ("SELECT url, count(*) FROM clicks WHERE upper(url) = 'A' " + GROUPED, "UPPER(url)"),
+    ("SELECT url, sum(url) FROM clicks WHERE url LIKE 'a%' " + GROUPED, "as a number"),
+    ("SELECT url, min(ms) FROM clicks " + GROUPED, "min() is not run live yet"),
+    (
+        "SELECT url, count(*) FROM clicks GROUP BY url, session_window(ts, '1 minute')",
+        "session windows are not run live yet",
+    ),
+]
+
+
+@pytest.mark.parametrize("command", [["demo"], ["group", "--workers", "2"]])
+@pytest.mark.parametrize(("query", "said"), REFUSED, ids=[str(i) for i in range(len(REFUSED))])
+def test_a_query_skewer_cannot_run_is_one_line_and_exit_2(
+    command: list[str], query: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*command, "--query", query]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    [line] = err.splitlines()
+    assert line.startswith(f"skewer {command[0]}: error: --query") and said in line
+
+
+def parsed(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["group", "--workers", "2", *argv])
+
+
+def test_a_query_reads_the_topic_as_the_flags_it_replaces() -> None:
+    query = parsed(
+        "--query",
+        "SELECT url, window.start, count(*) AS hits, sum(bytes) AS bytes FROM clicks "
+        "GROUP BY url, window(timestamp_millis(ts), '1 minute')",
+    )
+    job = job_from_args(query)
+    assert job is not None and job.window.size_ms == 60_000
+    by_query = user_topic_from_args(query, window_ms=60_000, lateness_ms=0, job=job)
+    flags = parsed(
+        "--input-topic",
+        "clicks",
+        "--key",
+        "json:url",
+        "--time",
+        "json:ts:ms",
+        "--sum",
+        "json:bytes",
+    )
+    by_flags = user_topic_from_args(flags, window_ms=60_000, lateness_ms=0)
+    assert by_query == by_flags and by_query is not None and by_query.topic == "clicks"
+
+
+def test_a_query_of_skewers_own_stream_reads_no_topic_of_ones_own() -> None:
+    query = parsed(
+        "--query", "SELECT key, count(*) FROM keys GROUP BY key, window(ts, '5 seconds')"
+    )
+    job = job_from_args(query)
+    assert job is not None and job.window.size_ms == 5_000
+    assert user_topic_from_args(query, window_ms=5_000, lateness_ms=0, job=job) is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--input-topic", "clicks"], "drop --input-topic"),
+        (["--sum", "json:bytes"], "drop --sum"),
+        (["--window-ms", "60000"], "drop --window-ms"),
+    ],
+)
+def test_a_query_beside_the_flags_it_replaces_is_refused(
+    flags: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    query = "SELECT url, count(*) FROM clicks " + GROUPED
+    assert main(["group", "--workers", "2", "--query", query, *flags]) == 2
+    assert said in capsys.readouterr().err
