@@ -82,6 +82,23 @@ def count_per_window_key(
         empty = np.zeros(0, dtype=np.int64)
         sums = None if amounts is None else empty.copy()
         return WindowCounts(empty, KeyBatch.from_bytes([]), empty.copy(), sums)
+    grouped = sorted_groups(keys, windows, key_ids)
+    if grouped is None:
+        return _count_by_bytes(keys, windows, amounts)
+    order, group_starts = grouped
+    first_of_group = order[group_starts]
+    counts = np.diff(np.append(group_starts, n)).astype(np.int64)
+    sums = None if amounts is None else np.add.reduceat(amounts[order], group_starts)
+    return WindowCounts(windows[first_of_group], keys.take(first_of_group), counts, sums)
+
+
+def sorted_groups(
+    keys: KeyBatch, windows: np.ndarray, key_ids: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Rows grouped by (window, key) with one sort on (window, key fingerprint): ``(order,
+    starts)``, group g's rows at ``order[starts[g]:starts[g + 1]]``; None if two keys in one
+    group differ (a fingerprint collision), for the caller to group on the bytes instead."""
+    n = len(keys)
     ids = keys.key_ids() if key_ids is None else np.asarray(key_ids, dtype=np.int64)
     order = np.lexsort((ids, windows))
     sorted_windows = windows[order]
@@ -91,13 +108,10 @@ def count_per_window_key(
         sorted_ids[1:] != sorted_ids[:-1]
     )
     group_starts = np.flatnonzero(starts_group)
-    first_of_group = order[group_starts]
-    representative = first_of_group[np.cumsum(starts_group) - 1]
+    representative = order[group_starts][np.cumsum(starts_group) - 1]
     if not _same_keys(keys.take(order), keys.take(representative)):
-        return _count_by_bytes(keys, windows, amounts)
-    counts = np.diff(np.append(group_starts, n)).astype(np.int64)
-    sums = None if amounts is None else np.add.reduceat(amounts[order], group_starts)
-    return WindowCounts(windows[first_of_group], keys.take(first_of_group), counts, sums)
+        return None
+    return order, group_starts
 
 
 def _same_keys(left: KeyBatch, right: KeyBatch) -> bool:
