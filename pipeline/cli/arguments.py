@@ -349,9 +349,8 @@ def user_topic_from_args(
     """The :class:`UserTopic` the flags of :func:`add_input_topic_arguments` describe, or
     ``job`` (``--query``) when given (None for skewer's own stream); UsageError with one line
     for a bad extractor or duration."""
-    from pipeline.io import extractors
     from pipeline.io.query.job import OWN_STREAM
-    from pipeline.stages.user_topic import UserTopic
+    from pipeline.stages.user_topic import UserTopic, topic_extractor
 
     topic, key, time, amount = args.input_topic, args.key, args.time, args.sum
     if job is not None:
@@ -366,18 +365,14 @@ def user_topic_from_args(
             )
         return None
     try:
-        extractor = extractors.Extractor(
-            key=extractors.parse_key(key),
-            time=extractors.parse_time(time),
-            amount=extractors.parse_amount(amount) if amount else None,
-        )
         topic = UserTopic(
             topic=topic,
-            extractor=extractor,
+            extractor=topic_extractor(key, time, amount, job.text if job is not None else None),
             max_out_of_order_ms=parse_duration_ms("--max-out-of-order", args.max_out_of_order),
             idle_timeout_ms=parse_duration_ms("--idle-timeout", args.idle_timeout),
             window_ms=window_ms,
             lateness_ms=lateness_ms,
+            query=job.text if job is not None else None,
         )
         topic.validate()
     except ValueError as error:  # ExtractorSpecError is one

@@ -203,6 +203,7 @@ def plan_from_args(args: argparse.Namespace, settings: Settings) -> RunPlan:
             "key": user_topic.extractor.key.text,
             "time": user_topic.extractor.time.text,
             "sum": amount.text if amount is not None else None,
+            "query": user_topic.query,
             "max_out_of_order_ms": user_topic.max_out_of_order_ms,
             "idle_timeout_ms": user_topic.idle_timeout_ms,
         }

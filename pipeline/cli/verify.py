@@ -67,9 +67,7 @@ def run(args: argparse.Namespace) -> int:
                 store,
                 settings.kafka_bootstrap,
                 kafka_io.RunNames(args.run_id, prefix),
-                user_topic.topic,
-                user_topic.extractor,
-                user_topic.window_ms,
+                user_topic,
             )
         finally:
             spark.stop()

@@ -26,8 +26,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import NamedTuple
 
 import numpy as np
@@ -63,6 +64,7 @@ from pipeline.io.extract.specs import (
     parse_key,
     parse_time,
 )
+from pipeline.io.query.job import NUMBER, Column
 from pipeline.io.records import MAX_KEY_BYTES, binary_column
 
 __all__ = [
@@ -104,6 +106,8 @@ class Extraction(NamedTuple):
     amount_micros: np.ndarray
     #: int8: -1 if the record is usable, else an index into :data:`REASONS`.
     reasons: np.ndarray
+    #: The extractor's query columns by name (:meth:`Extractor.read_columns`).
+    columns: Mapping[str, pa.Array] = MappingProxyType({})
 
 
 def _timestamps(stamps: np.ndarray | pa.Array | pa.ChunkedArray | None, n: int) -> np.ndarray:
@@ -128,6 +132,27 @@ def _kept(keys: KeyBatch, keep: np.ndarray) -> KeyBatch:
     )
 
 
+def _texts(data: np.ndarray, field: Field) -> tuple[KeyBatch, np.ndarray]:
+    """A field's text per row, as keys read it (a JSON string or integer -- ``-0`` is ``0`` --
+    or a CSV cell), empty where it has none; and the mask of rows that have one."""
+    present = field.present
+    starts = field.starts
+    if field.kinds is not None:
+        is_int = field.kinds == K_INT
+        present = (field.kinds == K_STRING) | is_int
+        # -0 is the integer 0, whose decimal text is "0".
+        two = np.flatnonzero(is_int & (field.ends - starts == 2))
+        negative_zero = two[(data[starts[two]] == 45) & (data[starts[two] + 1] == 48)]
+        if negative_zero.shape[0]:
+            starts = starts.copy()
+            starts[negative_zero] += 1
+    texts = KeyBatch(*gather(data, starts, field.ends, field.modes, present))
+    if field.kinds is None:
+        # An empty CSV cell is no value, as Spark's CSV reader takes it.
+        present = present & (np.diff(texts.offsets) > 0)
+    return texts, present
+
+
 @dataclass(frozen=True)
 class Extractor:
     """Reads (key, event time, amount) from batches of a user's records; picklable, so a
@@ -136,21 +161,33 @@ class Extractor:
     key: FieldSpec
     time: FieldSpec
     amount: FieldSpec | None = None
+    #: Further columns a query reads (its WHERE's), read in the same pass over the batch.
+    columns: tuple[Column, ...] = ()
 
     def __post_init__(self) -> None:
         check_together(self.key, self.time, self.amount)
+        fmt = self.value_format
+        for column in self.columns:
+            source = column.spec.source
+            if source in ("json", "csv") and fmt not in (None, source):
+                raise ExtractorSpecError(
+                    f"column {column.name} reads {source} values but the others read {fmt}"
+                )
 
     def _flagged(self) -> list[tuple[str, FieldSpec]]:
         specs = [("--key", self.key), ("--time", self.time)]
         return specs if self.amount is None else [*specs, ("--sum", self.amount)]
 
+    def _value_specs(self, fmt: str) -> list[FieldSpec]:
+        """Every spec that reads the value in format ``fmt``, each once, the flags' first."""
+        specs = [s for _, s in self._flagged()] + [c.spec for c in self.columns]
+        return list(dict.fromkeys(s for s in specs if s.source == fmt))
+
     @property
     def value_format(self) -> str | None:
         """``json`` or ``csv`` if some spec reads the value, else None."""
-        return next(
-            (s.source for _, s in self._flagged() if s.source in ("json", "csv")),
-            None,
-        )
+        specs = [s for _, s in self._flagged()] + [c.spec for c in self.columns]
+        return next((s.source for s in specs if s.source in ("json", "csv")), None)
 
     def detail(self, reason: int) -> str:
         """One line for a dead letter: which spec refused the record, and why."""
@@ -213,9 +250,8 @@ class Extractor:
             if len(column) != n:
                 raise ValueError(f"{len(column)} values for {n} records")
             data = column.data
-            specs = [s for _, s in self._flagged() if s.source == fmt]
             scan = json_scan.scan if fmt == "json" else csv_scan.scan
-            fields, decoded = scan(column, valid, specs)
+            fields, decoded = scan(column, valid, self._value_specs(fmt))
             undecodable = ~decoded
 
         keys, no_key, too_large = self._keys(data, fields, kafka_keys, n)
@@ -243,7 +279,45 @@ class Extractor:
             amounts[bad] = 0
             if (np.diff(keys.offsets)[bad] > 0).any():
                 keys = _kept(keys, ~bad)
-        return Extraction(keys, times, amounts, reasons)
+        columns = self.read_columns(data, fields, kafka_keys, ~undecodable)
+        return Extraction(keys, times, amounts, reasons, columns)
+
+    def read_columns(
+        self,
+        data: np.ndarray,
+        fields: dict[FieldSpec, Field],
+        kafka_keys: Values | None,
+        decoded: np.ndarray,
+    ) -> dict[str, pa.Array]:
+        """Each query column as :mod:`pipeline.io.query.predicate` reads it: a number as int64
+        millionths, a text as binary; null (SQL's NULL) where the record's value could not be
+        decoded, has no such field, holds a JSON ``null`` or an empty CSV cell, or a value not
+        of the column's kind (a text that is no number, a JSON float, boolean or container for
+        a text)."""
+        out: dict[str, pa.Array] = {}
+        for column in self.columns:
+            spec = column.spec
+            if spec.source == "kafka-key":
+                if kafka_keys is None:
+                    raise ValueError("a kafka-key column needs the records' keys")
+                texts, present = binary_column(kafka_keys)
+            elif column.kind == NUMBER:
+                micros, ok = field_amounts(data, fields[spec])
+                out[column.name] = pa.array(micros, pa.int64(), mask=~(ok & decoded))
+                continue
+            else:
+                texts, present = _texts(data, fields[spec])
+                present = present & decoded
+            out[column.name] = pa.BinaryArray.from_buffers(
+                pa.binary(),
+                len(texts),
+                [
+                    pa.py_buffer(np.packbits(present, bitorder="little")),
+                    pa.py_buffer(texts.offsets.astype(np.int32)),
+                    pa.py_buffer(texts.data),
+                ],
+            )
+        return out
 
     def _keys(
         self,
@@ -265,19 +339,7 @@ class Extractor:
                 keys = _kept(keys, valid)
             lengths = np.diff(keys.offsets)
             return keys, ~valid | (lengths == 0), lengths > MAX_KEY_BYTES
-        field = fields[self.key]
-        present = field.present
-        starts = field.starts
-        if field.kinds is not None:
-            is_int = field.kinds == K_INT
-            present = (field.kinds == K_STRING) | is_int
-            # -0 is the integer 0, whose decimal text is "0".
-            two = np.flatnonzero(is_int & (field.ends - starts == 2))
-            negative_zero = two[(data[starts[two]] == 45) & (data[starts[two] + 1] == 48)]
-            if negative_zero.shape[0]:
-                starts = starts.copy()
-                starts[negative_zero] += 1
-        keys = KeyBatch(*gather(data, starts, field.ends, field.modes, present))
+        keys = _texts(data, fields[self.key])[0]
         lengths = np.diff(keys.offsets)
         return keys, lengths == 0, lengths > MAX_KEY_BYTES
 

@@ -40,6 +40,8 @@ class SourceBatchCounts:
     dead_letters: Mapping[str, int] = field(default_factory=dict)
     #: Records that came after their window closed (a user's topic).
     late: int = 0
+    #: Records a query's WHERE left out (a user's topic).
+    filtered: int = 0
 
     @property
     def dead_letter_total(self) -> int:
@@ -79,6 +81,9 @@ class GroupingStore:
         if counts.late:
             pipe.hincrby(stats, "late", counts.late)
             pipe.hincrby(self.keys.stats("late_input"), source, counts.late)
+        if counts.filtered:
+            pipe.hincrby(stats, "filtered", counts.filtered)
+            pipe.hincrby(self.keys.stats("filtered_input"), source, counts.filtered)
         for worker, count in enumerate(counts.routed):
             if count:
                 pipe.hincrby(self.keys.stats("routed"), worker, count)
@@ -127,3 +132,7 @@ class GroupingStore:
     def late_per_source(self) -> dict[int, int]:
         """Source -> records of a user's topic that came after their window closed."""
         return _int_map(self.client.hgetall(self.keys.stats("late_input")))
+
+    def filtered_per_source(self) -> dict[int, int]:
+        """Source -> records of a user's topic that a query's WHERE left out."""
+        return _int_map(self.client.hgetall(self.keys.stats("filtered_input")))

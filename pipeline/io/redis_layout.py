@@ -172,7 +172,8 @@ class RunKeys:
     def stats(self, name: str) -> str:
         """``stats:{name}``: ``records``, ``late``, ``rejected``, ``batches``, ``held`` (hashes
         worker -> count), ``windows`` (aggregator totals), ``routed`` (worker -> records),
-        ``dead_letters`` (reason -> records), ``late_input`` (source -> records),
+        ``dead_letters`` (reason -> records), ``late_input`` and ``filtered_input`` (source ->
+        records: late, and left out by a query's WHERE),
         ``timeline``."""
         return f"{self.prefix}stats:{name}"
 

@@ -564,6 +564,7 @@ class Pipeline:
             replication=totals.get("state_entries", 0) / distinct if distinct else None,
             dead_letters=sum(dead.values()),
             late_records=sum(counters.late_per_source().values()),
+            filtered_records=sum(counters.filtered_per_source().values()),
             dead_letter_reasons=dead,
             stages={name: p.output() for name, p in self.stages.items()},
             restarts={name: p.starts - 1 for name, p in self.stages.items() if p.starts > 1},
@@ -594,9 +595,7 @@ class Pipeline:
                 self.store,
                 self.settings.kafka_bootstrap,
                 self.plan.names,
-                user_topic.topic,
-                user_topic.extractor,
-                user_topic.window_ms,
+                user_topic,
             )
         finally:
             if ours:

@@ -79,6 +79,9 @@ class RunPlan:
     #: Where the run ends in ``input_topic``, one offset per partition (``--ending-offsets``);
     #: None: each partition's end when the grouping stage starts.
     ending_offsets: tuple[int, ...] | None = None
+    #: The run's query (``--query``) when it was given as one; ``input_topic``, ``key``,
+    #: ``time``, ``sum`` and ``window_ms`` are then what it says, and its WHERE filters.
+    query: str | None = None
     #: Where the workers' Spark tasks run (``--spark-master``); ``local`` by default.
     spark_master: str = config.DEFAULT_SPARK_MASTER
     #: Spark tasks per micro-batch (``skewer work --tasks``); None: the worker job's default.
@@ -112,23 +115,19 @@ class RunPlan:
 
     def user_topic(self) -> UserTopic | None:
         """How the grouping stage reads ``input_topic`` (ValueError for a bad spec)."""
-        from pipeline.io import extractors
-        from pipeline.stages.user_topic import UserTopic
+        from pipeline.stages.user_topic import UserTopic, topic_extractor
 
         if self.input_topic is None:
             return None
         return UserTopic(
             topic=self.input_topic,
-            extractor=extractors.Extractor(
-                key=extractors.parse_key(self.key),
-                time=extractors.parse_time(self.time),
-                amount=extractors.parse_amount(self.sum) if self.sum else None,
-            ),
+            extractor=topic_extractor(self.key, self.time, self.sum, self.query),
             max_out_of_order_ms=self.max_out_of_order_ms,
             idle_timeout_ms=self.idle_timeout_ms,
             window_ms=self.window_ms,
             lateness_ms=self.lateness_ms,
             ending_offsets=self.ending_offsets,
+            query=self.query,
         )
 
     @property
@@ -261,15 +260,20 @@ class RunPlan:
                 out += ["--control-every", str(self.control_every)]
             if self.commit_interval_ms != kafka_io.COMMIT_INTERVAL_MS:
                 out += ["--commit-interval-ms", str(self.commit_interval_ms)]
-            if self.input_topic is not None:
+            if self.query is not None:
+                # The query says the topic, key, time, sum and window.
+                out += ["--query", self.query, "--lateness-ms", str(self.lateness_ms)]
+                out += ["--max-out-of-order", f"{self.max_out_of_order_ms}ms"]
+                out += ["--idle-timeout", f"{self.idle_timeout_ms}ms"]
+            elif self.input_topic is not None:
                 out += ["--input-topic", self.input_topic, "--key", self.key]
                 out += ["--time", self.time, *window, "--lateness-ms", str(self.lateness_ms)]
                 out += ["--max-out-of-order", f"{self.max_out_of_order_ms}ms"]
                 out += ["--idle-timeout", f"{self.idle_timeout_ms}ms"]
                 if self.sum:
                     out += ["--sum", self.sum]
-                if self.ending_offsets is not None:
-                    out += ["--ending-offsets", ",".join(map(str, self.ending_offsets))]
+            if self.input_topic is not None and self.ending_offsets is not None:
+                out += ["--ending-offsets", ",".join(map(str, self.ending_offsets))]
             return [*out, *params, *run, "--until-end", "--json"]
         if stage == "work":
             checkpoint = self.checkpoint_dir(settings or config.load())

@@ -34,17 +34,23 @@ import pyarrow as pa
 from pipeline.io import kafka_io, kafka_security, records
 from pipeline.io.extractors import Extractor, format_amount
 from pipeline.io.grouping_store import GroupingStore
+from pipeline.io.query.job import Predicate
+from pipeline.io.query.predicate import kept
 from pipeline.io.state_store import Differences, mismatch_rows
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from pipeline.io.state_store import StateStore
+    from pipeline.stages.user_topic import UserTopic
 
 #: Mismatches kept for the report (the count covers all of them).
 MAX_REPORTED = 20
 #: The rows :class:`ExtractWindows` yields to Spark.
-RECOUNT_SCHEMA = "partition int, offset long, key binary, window long, amount long, valid boolean"
+RECOUNT_SCHEMA = (
+    "partition int, offset long, key binary, window long, amount long, valid boolean, "
+    "passed boolean"
+)
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,9 @@ class RecountVerification:
     sums_compared: int = 0
     sum_mismatches: list[tuple[int, bytes, int, int]] = field(default_factory=list)
     sum_mismatch_count: int = 0
+    #: Runs with a query's WHERE: records it left out in the recount, and in the run.
+    filtered: int = 0
+    run_filtered: int = 0
 
     @property
     def exact(self) -> bool:
@@ -80,6 +89,7 @@ class RecountVerification:
             and not self.missing_windows
             and self.late == self.run_late
             and self.invalid == self.run_dead_letters
+            and self.filtered == self.run_filtered
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -93,6 +103,8 @@ class RecountVerification:
             "run_late": self.run_late,
             "invalid": self.invalid,
             "run_dead_letters": self.run_dead_letters,
+            "filtered": self.filtered,
+            "run_filtered": self.run_filtered,
             "missing_windows": self.missing_windows,
             "mismatch_count": self.mismatch_count,
             "mismatches": mismatch_rows(self.mismatches, "recount"),
@@ -132,6 +144,11 @@ class RecountVerification:
             f"  records: recounted {self.recounted:,}, results {self.result_records:,}; "
             f"late {self.late:,} (run reported {self.run_late:,}); not extractable "
             f"{self.invalid:,} (run's dead letters {self.run_dead_letters:,})"
+            + (
+                f"; left out by WHERE {self.filtered:,} (run {self.run_filtered:,})"
+                if self.filtered or self.run_filtered
+                else ""
+            )
         )
         return out
 
@@ -143,6 +160,8 @@ class ExtractWindows:
 
     extractor: Extractor
     window_ms: int
+    #: The run's query's WHERE: a row it leaves out is ``passed`` false.
+    where: Predicate | None = None
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -154,6 +173,7 @@ class ExtractWindows:
                 batch.column("timestamp_ms").to_numpy(zero_copy_only=False),
             )
             valid = extracted.reasons < 0
+            passed = valid if self.where is None else kept(self.where, extracted.columns)
             windows = records.window_start(extracted.event_time_ms, self.window_ms)
             yield pa.RecordBatch.from_arrays(
                 [
@@ -163,8 +183,9 @@ class ExtractWindows:
                     pa.array(np.where(valid, windows, 0), pa.int64()),
                     pa.array(extracted.amount_micros, pa.int64()),
                     pa.array(valid),
+                    pa.array(passed),
                 ],
-                names=["partition", "offset", "key", "window", "amount", "valid"],
+                names=["partition", "offset", "key", "window", "amount", "valid", "passed"],
             )
 
 
@@ -205,18 +226,18 @@ def reported_late(bootstrap: str, names: kafka_io.RunNames) -> list[tuple[int, i
 def recount(
     spark: SparkSession,
     bootstrap: str,
-    topic: str,
-    extractor: Extractor,
-    window_ms: int,
+    user_topic: UserTopic,
     ends: dict[int, int],
     late: list[tuple[int, int]],
 ) -> Recount:
-    """Counts (and, with the extractor's ``--sum``, sums) per window and key of ``topic`` up
-    to ``ends``, without the ``late`` records."""
+    """Counts (and, with the extractor's ``--sum``, sums) per window and key of the run's
+    topic up to ``ends``, without the ``late`` records and those the query's WHERE leaves
+    out."""
     from pyspark.sql import functions
 
+    topic, extractor = user_topic.topic, user_topic.extractor
     if not any(ends.values()):
-        return Recount({}, {}, 0, 0, 0)
+        return Recount({}, {}, 0, 0, 0, 0)
     frame = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
@@ -232,11 +253,14 @@ def recount(
             "value",
             functions.expr("unix_millis(timestamp)").alias("timestamp_ms"),
         )
-        .mapInArrow(ExtractWindows(extractor, window_ms), RECOUNT_SCHEMA)
+        .mapInArrow(
+            ExtractWindows(extractor, user_topic.window_ms, user_topic.where), RECOUNT_SCHEMA
+        )
         .cache()
     )
     invalid = frame.filter(~functions.col("valid")).count()
-    valid = frame.filter("valid")
+    filtered = frame.filter(functions.col("valid") & ~functions.col("passed")).count()
+    valid = frame.filter("valid AND passed")
     late_frame = spark.createDataFrame(late, "partition int, offset long")
     kept = valid.join(late_frame, ["partition", "offset"], "left_anti")
     left_out = valid.count() - kept.count()
@@ -253,7 +277,7 @@ def recount(
             sums.setdefault(window, {})[key] = int(row["sum"])
         total += int(row["count"])
     frame.unpersist()
-    return Recount(counts, sums, total, left_out, invalid)
+    return Recount(counts, sums, total, left_out, invalid, filtered)
 
 
 def verify_recount(
@@ -261,14 +285,13 @@ def verify_recount(
     store: StateStore,
     bootstrap: str,
     names: kafka_io.RunNames,
-    topic: str,
-    extractor: Extractor,
-    window_ms: int,
+    user_topic: UserTopic,
 ) -> RecountVerification:
-    """Recount ``topic`` as the run read it and compare with the run's final results."""
-    ends = consumed_offsets(bootstrap, names, topic)
+    """Recount the run's topic as the run read it and compare with its final results."""
+    extractor = user_topic.extractor
+    ends = consumed_offsets(bootstrap, names, user_topic.topic)
     late = reported_late(bootstrap, names)
-    recounted = recount(spark, bootstrap, topic, extractor, window_ms, ends, late)
+    recounted = recount(spark, bootstrap, user_topic, ends, late)
     counts = recounted.counts
     final = set(store.final_windows())
     count_diff, sum_diff = Differences(MAX_REPORTED), Differences(MAX_REPORTED)
@@ -301,6 +324,8 @@ def verify_recount(
         sums_compared=sum_diff.compared,
         sum_mismatches=sum_diff.first,
         sum_mismatch_count=sum_diff.count,
+        filtered=recounted.filtered,
+        run_filtered=sum(counters.filtered_per_source().values()),
     )
 
 
@@ -310,6 +335,7 @@ class Recount(NamedTuple):
     counts: dict[int, dict[bytes, int]]
     sums: dict[int, dict[bytes, int]]
     records: int
-    #: Late records left out, and records the extractor refused.
+    #: Late records left out, records the extractor refused, and those the WHERE left out.
     late: int
     invalid: int
+    filtered: int

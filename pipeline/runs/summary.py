@@ -55,6 +55,8 @@ class RunSummary:
     migrations: list[dict[str, Any]] = field(default_factory=list)
     #: Records of a user's topic that came after their window closed (topic ``late``).
     late_records: int = 0
+    #: Records of a user's topic that the query's WHERE left out.
+    filtered_records: int = 0
     #: p50/p99 of the records applied after the first 20 % of the run's records were
     #: (:func:`pipeline.runs.latency.steady_histogram`): the pipeline once warm.
     latency_steady_p50_ms: float | None = None
@@ -107,6 +109,7 @@ class RunSummary:
             "dead_letters": self.dead_letters,
             "dead_letter_reasons": self.dead_letter_reasons,
             "late_records": self.late_records,
+            "filtered_records": self.filtered_records,
             "per_worker": self.per_worker,
             "latency_p50_ms_per_worker": self.latency_p50_per_worker,
             "latency_p99_ms_per_worker": self.latency_p99_per_worker,
@@ -139,7 +142,8 @@ class RunSummary:
         out += [
             f"records: {self.records_produced:,} produced, {self.records_grouped:,} grouped, "
             f"{self.records_processed:,} processed; {self.windows} window(s) final; "
-            f"{self.dead_letters:,} dead letter(s), {self.late_records:,} late",
+            f"{self.dead_letters:,} dead letter(s), {self.late_records:,} late"
+            + (f", {self.filtered_records:,} left out by WHERE" if self.filtered_records else ""),
             f"throughput: {throughput}",
             f"latency (grouping stage to worker): p50 {_ms(self.latency_p50_ms)} ms, "
             f"p99 {_ms(self.latency_p99_ms)} ms over the whole run; steady state (after 20 % "

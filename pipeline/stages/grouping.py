@@ -145,6 +145,8 @@ class SourceSummary:
     dead_letters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
     #: Records of a user topic that came after their window closed (topic ``late``).
     late: int = 0
+    #: Records of a user topic that a query's WHERE left out.
+    filtered: int = 0
     routed: list[int] = field(default_factory=list)
     batches: int = 0
     seconds: float = 0.0
@@ -330,6 +332,7 @@ class GroupingSource:
             dead_letters=decoded.dead_letters,
             late=decoded.late,
             late_rows=decoded.late_rows,
+            filtered_rows=decoded.filtered_rows,
             routed=np.bincount(partitions, minlength=self.config.n_workers),
             dead_letter_counts=np.bincount(reasons[reasons >= 0], minlength=len(REASONS)),
             watermark_rows=decoded.watermark_rows,
@@ -374,6 +377,7 @@ class GroupingSource:
         summary.batches += 1
         late = int(output.late_rows.shape[0])
         summary.late += late
+        summary.filtered += int(output.filtered_rows.shape[0])
         if self.metrics is not None:
             if records:
                 self.metrics.batch(records, routed, dead, seconds, late=late)

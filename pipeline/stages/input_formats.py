@@ -42,6 +42,7 @@ from pipeline.io.dead_letters import (
     dead_letter_value,
 )
 from pipeline.io.grouping_store import GroupingStore
+from pipeline.io.query.predicate import kept
 from pipeline.io.records import MAX_KEY_BYTES, Kind
 from pipeline.stages import user_topic
 from pipeline.stages.user_topic import DataWatermark, ForwardedWatermark, UserTopic
@@ -72,6 +73,8 @@ class DecodedBatch:
     #: Records of a user's topic that came after their window closed, and their rows.
     late: list[Letter] = field(default_factory=list)
     late_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: Rows of valid records a query's WHERE left out (a user's topic).
+    filtered_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     #: Producer watermark records in the batch (skewer's records).
     watermark_rows: int = 0
 
@@ -327,8 +330,11 @@ class UserTopicRecords:
         reasons = extracted.reasons
         times = extracted.event_time_ms
         valid = reasons < 0
-        late = user_topic.late_rows(times, valid, watermark, spec.window_ms, spec.lateness_ms)
-        data = np.flatnonzero(valid & ~late)
+        # A record the WHERE leaves out still moves the watermark (it is the partition's
+        # progress), but is neither routed nor late: no window would have held it.
+        passed = valid if spec.where is None else valid & kept(spec.where, extracted.columns)
+        late = user_topic.late_rows(times, passed, watermark, spec.window_ms, spec.lateness_ms)
+        data = np.flatnonzero(passed & ~late)
         routed = extracted.keys.take(data)
         rows = data.tolist()
         source = self.source
@@ -339,6 +345,7 @@ class UserTopicRecords:
 
         batch = DecodedBatch(routed, data, routed.to_list(), wrapped, reasons)
         batch.late_rows = np.flatnonzero(late)
+        batch.filtered_rows = np.flatnonzero(valid & ~passed)
         for row in batch.late_rows.tolist():
             value = user_topic.late_value(
                 event_time_ms=int(times[row]),
@@ -363,7 +370,7 @@ class UserTopicRecords:
                 detail=spec.extractor.detail(reason),
             )
             batch.dead_letters.append((keys[row], value))
-        watermark.observe(times[data])
+        watermark.observe(times[np.flatnonzero(valid & ~late)])
         watermark.raise_to(self._idle_floor)
         if self._finish_pending:
             watermark.finish()

@@ -64,6 +64,8 @@ class BatchOutput:
     #: Late records of a user topic: (original key, ``late`` value), and their rows.
     late: list[Letter] = field(default_factory=list)
     late_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    #: Rows a query's WHERE left out (a user topic).
+    filtered_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     #: Values sent to every ``work`` partition after the records.
     markers: list[bytes] = field(default_factory=list)
     #: TABLE_SWITCH values sent to every ``work`` partition before the records.
@@ -340,6 +342,7 @@ class SourceCheckpoint:
             fresh = offsets > self._counted_offset
         routed, bad_counts = output.routed, output.dead_letter_counts
         late = int(fresh[output.late_rows].sum())
+        filtered = int(fresh[output.filtered_rows].sum())
         if not fresh.any():
             return
         if not fresh.all():
@@ -360,6 +363,7 @@ class SourceCheckpoint:
             routed=routed.tolist(),
             dead_letters=dict(zip(REASONS, bad_counts.tolist(), strict=True)),
             late=late,
+            filtered=filtered,
         )
         self.store.count_batch(self.source, counts)
         self._counted_offset = last

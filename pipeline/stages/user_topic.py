@@ -25,6 +25,7 @@ Example (a source's watermark and which records are late):
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,9 @@ from pipeline.io import extractors
 from pipeline.io.extractors import Extractor
 from pipeline.io.grouping_store import GroupingStore
 from pipeline.io.kafka_io import RunNames
+from pipeline.io.query.job import Column, Predicate
+from pipeline.io.query.parse import parse_query
+from pipeline.io.query.predicate import columns_read
 from pipeline.io.records import END_OF_STREAM, window_start
 
 if TYPE_CHECKING:
@@ -60,6 +64,13 @@ class UserTopic:
     #: default each partition's end offset when the run first starts; given, a topic still
     #: being written can be read to a known end.
     ending_offsets: tuple[int, ...] | None = None
+    #: The run's query (``--query``), when it was given as one: its WHERE filters each batch.
+    query: str | None = None
+
+    @functools.cached_property
+    def where(self) -> Predicate | None:
+        """The query's ``WHERE``, None without one."""
+        return None if not self.query else parse_query(self.query).where
 
     def validate(self) -> None:
         """ValueError with one line for the user unless every setting makes sense."""
@@ -90,6 +101,7 @@ def describe(topic: UserTopic, names: RunNames) -> str:
             "window_ms": topic.window_ms,
             "lateness_ms": topic.lateness_ms,
             "ending_offsets": None if topic.ending_offsets is None else list(topic.ending_offsets),
+            "query": topic.query,
         }
     )
 
@@ -111,11 +123,8 @@ def recorded(client: redis.Redis, run_id: str) -> tuple[UserTopic, str] | None:
 def restore(text: str | bytes) -> tuple[UserTopic, str]:
     """Inverse of :func:`describe`: the run's :class:`UserTopic` and its topic prefix."""
     state = json.loads(text)
-    extractor = Extractor(
-        key=extractors.parse_key(state["key"]),
-        time=extractors.parse_time(state["time"]),
-        amount=extractors.parse_amount(state["sum"]) if state.get("sum") else None,
-    )
+    query = state.get("query")
+    extractor = topic_extractor(state["key"], state["time"], state.get("sum"), query)
     topic = UserTopic(
         topic=state["topic"],
         extractor=extractor,
@@ -124,8 +133,26 @@ def restore(text: str | bytes) -> tuple[UserTopic, str]:
         window_ms=int(state["window_ms"]),
         lateness_ms=int(state["lateness_ms"]),
         ending_offsets=_offsets(state.get("ending_offsets")),
+        query=query,
     )
     return topic, str(state["topic_prefix"])
+
+
+def topic_extractor(key: str, time: str, amount: str | None, query: str | None) -> Extractor:
+    """The extractor of a run on a user's topic: the key, time and amount specs, and the
+    columns ``query``'s WHERE reads (ValueError with one line for a bad spec or query)."""
+    columns: tuple[Column, ...] = ()
+    if query:
+        where = parse_query(query).where
+        if where is not None:
+            read = columns_read(where)
+            columns = tuple(c for c in parse_query(query).columns if c.name in read)
+    return Extractor(
+        key=extractors.parse_key(key),
+        time=extractors.parse_time(time),
+        amount=extractors.parse_amount(amount) if amount else None,
+        columns=columns,
+    )
 
 
 def _offsets(listed: list[int] | None) -> tuple[int, ...] | None:

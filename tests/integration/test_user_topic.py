@@ -13,11 +13,12 @@ Two streams, each produced here by a plain client, never by skewer's producer:
   a key; half of it is written while the runs read it, which end at ``--ending-offsets``.
 
 Each stream runs under pkg and under mixed (a routing-table scheme: the controller runs),
-reading what the topic holds (a bounded run). Every run must pass the Spark batch recount
-(``verify --recount``'s check, sums included) and, independently, equal the counts (and sums)
-computed here from the records as the broker stored them; the late records and the dead letters
-must be exactly the ones injected, the late ones decided by the rule written out below, record
-by record.
+reading what the topic holds (a bounded run); the JSON stream's mixed run is given as a query
+(``--query``) whose WHERE leaves out some of the records. Every run must pass the Spark batch
+recount (``verify --recount``'s check, sums included) and, independently, equal the counts
+(and sums) computed here from the records as the broker stored them; the late records and the
+dead letters must be exactly the ones injected, the late ones decided by the rule written out
+below, record by record.
 
 Then an idle partition (its source adopts the other's watermark after the idle timeout) and
 bad settings (one line, exit 2).
@@ -69,6 +70,8 @@ class Expected:
     dead_letters: Counter[str]
     #: Sum of the amounts per window and key in millionths (streams with an amount).
     sums: dict[int, Counter[bytes]]
+    #: Valid records a query's WHERE left out.
+    filtered: int = 0
 
 
 def event_times(rng: np.random.Generator, n: int) -> list[int]:
@@ -84,16 +87,18 @@ def event_times(rng: np.random.Generator, n: int) -> list[int]:
     return times
 
 
-def expected_from_topic(kafka: str, topic: str, parse: Any, window_ms: int = WINDOW_MS) -> Expected:
+def expected_from_topic(
+    kafka: str, topic: str, parse: Any, window_ms: int = WINDOW_MS, where: Any = None
+) -> Expected:
     """The counts, late records and dead letters the stored topic implies, partition by
     partition in offset order: ``parse(record)`` gives (key, time, amount in millionths) or a
-    dead-letter reason. A record is late when its window's end is at or below the watermark
-    before it: the highest event time of the partition's readable records before it minus the
-    bound."""
+    dead-letter reason; ``where(record)`` (a query's WHERE) whether a valid record is kept. A
+    kept record is late when its window's end is at or below the watermark before it: the
+    highest event time of the partition's valid records before it minus the bound."""
     counts: dict[int, Counter[bytes]] = {}
     sums: dict[int, Counter[bytes]] = {}
     dead: Counter[str] = Counter()
-    late = 0
+    late = filtered = 0
     highest: dict[int, int] = {}
     for record in kafka_io.read_topic(kafka, topic):
         parsed = parse(record)
@@ -103,13 +108,15 @@ def expected_from_topic(kafka: str, topic: str, parse: Any, window_ms: int = WIN
         key, t, amount = parsed
         window = t // window_ms * window_ms
         seen = highest.get(record.partition)
-        if seen is not None and window + window_ms - 1 <= seen - BOUND_MS:
+        if where is not None and not where(record):
+            filtered += 1
+        elif seen is not None and window + window_ms - 1 <= seen - BOUND_MS:
             late += 1
         else:
             counts.setdefault(window, Counter())[key] += 1
             sums.setdefault(window, Counter())[key] += amount
         highest[record.partition] = t if seen is None else max(seen, t)
-    return Expected(counts, late, dead, sums)
+    return Expected(counts, late, dead, sums, filtered)
 
 
 # --- the JSON stream, by Kafka's console producer ----------------------------------------------
@@ -139,6 +146,19 @@ def json_lines() -> list[str]:
             value = json.dumps({**fields, "bytes": "lots"})
         lines.append(f"{user}|{value}")
     return lines
+
+
+#: The query the JSON stream's mixed run is given: the flags of the pkg run, and a WHERE.
+JSON_QUERY = (
+    "SELECT user, window.start, count(*) AS hits, sum(bytes) AS bytes FROM `{topic}` "
+    "WHERE n >= 600 AND NOT user LIKE 'u1%' GROUP BY user, window(ts, '10 seconds')"
+)
+
+
+def json_where(record: kafka_io.StoredRecord) -> bool:
+    """:data:`JSON_QUERY`'s WHERE on a record :func:`parse_json` accepts."""
+    doc = json.loads(record.value or b"")
+    return doc["n"] >= 600 and not doc["user"].startswith("u1")
 
 
 def parse_json(record: kafka_io.StoredRecord) -> tuple[bytes, int, int] | str:
@@ -257,7 +277,9 @@ def plans_for(
     tag: str,
     amount: str | None = None,
     ending_offsets: tuple[int, ...] | None = None,
+    mixed_query: str | None = None,
 ) -> list[RunPlan]:
+    """A pkg run and a mixed run of the topic; the mixed one by ``mixed_query`` when given."""
     return [
         RunPlan(
             scheme=scheme,
@@ -271,6 +293,7 @@ def plans_for(
             sum=amount,
             max_out_of_order_ms=BOUND_MS,
             ending_offsets=ending_offsets,
+            query=mixed_query if scheme == "mixed" else None,
             run_id=f"own-{tag}-{scheme}-{new_run_id()[5:]}",
         )
         for scheme in ("pkg", "mixed")
@@ -289,9 +312,11 @@ def check(outcome: Outcome, expected: Expected) -> None:
     assert summary.late_records == outcome.late_topic == expected.late > 0
     assert outcome.dead_letter_reasons == expected.dead_letters
     assert summary.dead_letter_reasons == dict(expected.dead_letters)
+    assert summary.filtered_records == expected.filtered
     counted = sum(sum(c.values()) for c in expected.counts.values())
     assert summary.records_processed == counted
-    assert counted + expected.late + sum(expected.dead_letters.values()) == RECORDS
+    left_out = expected.late + sum(expected.dead_letters.values()) + expected.filtered
+    assert counted + left_out == RECORDS
 
 
 def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(
@@ -305,7 +330,16 @@ def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(
     )
     # Some amounts have digits beyond the millionths kept: the sums must floor them alike.
     assert any(s % 1_000 for c in expected.sums.values() for s in c.values())
-    plans = plans_for(topic, "json:user", "json:ts:iso", "json", amount="json:bytes")
+    where = expected_from_topic(settings.kafka_bootstrap, topic, parse_json, where=json_where)
+    assert where.filtered > RECORDS // 20 and where.late > 0
+    plans = plans_for(
+        topic,
+        "json:user",
+        "json:ts:iso",
+        "json",
+        amount="json:bytes",
+        mixed_query=JSON_QUERY.format(topic=topic),
+    )
     with ThreadPoolExecutor(len(plans)) as pool:
         outcomes = list(
             pool.map(
@@ -313,7 +347,7 @@ def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(
             )
         )
     for outcome in outcomes:
-        check(outcome, expected)
+        check(outcome, where if outcome.plan.query else expected)
     cli = next(o.cli_verify for o in outcomes if o.cli_verify is not None)
     assert cli.startswith("exact: every (key, window) count and sum equals the recount")
 

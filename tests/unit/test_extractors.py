@@ -340,3 +340,52 @@ def test_details_name_the_spec() -> None:
         with pytest.raises(ValueError, match="no such reason"):
             kafka.detail(unread)
     assert all("\n" not in d for d in details)
+
+
+def test_a_querys_columns_are_read_in_the_same_pass_with_sqls_nulls() -> None:
+    """Numbers in millionths, texts as bytes; NULL for a missing field, a JSON null, a value of
+    another kind, an undecodable value, an empty CSV cell; a JSON empty string is a text."""
+    from pipeline.io.query.parse import parse_query
+
+    job = parse_query(
+        "SELECT url, count(*) FROM t WHERE ms > 0 AND region = 'eu' AND key = 'k' "
+        "GROUP BY url, window(timestamp_millis(ts), '1 minute')"
+    )
+    columns = tuple(c for c in job.columns if c.name != "url")
+    json_extractor = Extractor(parse_key("json:url"), parse_time("json:ts:ms"), None, columns)
+    values = [
+        b'{"url": "a", "ts": 1, "ms": 1.5, "region": "eu"}',
+        b'{"url": "b", "ts": 2, "ms": "slow", "region": ""}',
+        b'{"url": "c", "ts": 3, "ms": null, "region": 7}',
+        b'{"url": "d", "ts": 4, "region": true}',
+        b"not json",
+    ]
+    out = json_extractor.extract(values, [b"k", None, b"k", b"", b"k"], None)
+    assert out.columns["ms"].to_pylist() == [1_500_000, None, None, None, None]
+    assert out.columns["region"].to_pylist() == [b"eu", b"", b"7", None, None]
+    assert out.columns["key"].to_pylist() == [b"k", None, b"k", b"", b"k"]
+
+    csv_columns = parse_query(
+        "SELECT _c0, count(*) FROM t WHERE _c2 > 0 AND _c3 = 'x' "
+        "GROUP BY _c0, window(timestamp_millis(_c1), '1 minute')"
+    ).columns
+    csv_extractor = Extractor(
+        parse_key("csv:0"),
+        parse_time("csv:1"),
+        None,
+        tuple(c for c in csv_columns if c.name != "_c0"),
+    )
+    out = csv_extractor.extract([b"a,1,2.5,x", b"b,2,,", b"c,3,no,y"], None, None)
+    assert out.columns["_c2"].to_pylist() == [2_500_000, None, None]
+    assert out.columns["_c3"].to_pylist() == [b"x", None, b"y"]
+    assert pickle.loads(pickle.dumps(csv_extractor)) == csv_extractor
+
+
+def test_a_querys_columns_read_the_values_format_of_the_flags() -> None:
+    from pipeline.io.query.parse import parse_query
+
+    csv_column = parse_query(
+        "SELECT k, count(*) FROM t WHERE _c1 = 'x' GROUP BY k, window(timestamp, '1 minute')"
+    ).column("_c1")
+    with pytest.raises(ExtractorSpecError, match="column _c1 reads csv values but the others"):
+        Extractor(parse_key("json:k"), parse_time("kafka-timestamp"), None, (csv_column,))

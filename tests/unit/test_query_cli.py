@@ -5,6 +5,7 @@ the topic as the flags it replaces."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 
@@ -69,7 +70,8 @@ def test_a_query_reads_the_topic_as_the_flags_it_replaces() -> None:
         "json:bytes",
     )
     by_flags = user_topic_from_args(flags, window_ms=60_000, lateness_ms=0)
-    assert by_query == by_flags and by_query is not None and by_query.topic == "clicks"
+    assert by_query is not None and by_query.query == query.query
+    assert dataclasses.replace(by_query, query=None) == by_flags and by_query.topic == "clicks"
 
 
 def test_a_query_of_skewers_own_stream_reads_no_topic_of_ones_own() -> None:
@@ -95,3 +97,40 @@ def test_a_query_beside_the_flags_it_replaces_is_refused(
     query = "SELECT url, count(*) FROM clicks " + GROUPED
     assert main(["group", "--workers", "2", "--query", query, *flags]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_a_plans_query_reaches_the_grouping_stage_and_survives_redis() -> None:
+    """The plan hands the grouping stage its query as it is; the stage reads the same topic,
+    with the WHERE's columns, and Redis keeps the query for the workers and the recount."""
+    from pipeline.io import config
+    from pipeline.io.kafka_io import RunNames
+    from pipeline.runs.plan import RunPlan
+    from pipeline.stages.user_topic import describe, restore
+
+    query = (
+        "SELECT url, count(*), sum(bytes) FROM `clicks-1` WHERE status >= 500 "
+        "GROUP BY url, window(timestamp_millis(ts), '10 seconds')"
+    )
+    plan = RunPlan(
+        scheme="pkg",
+        records=10,
+        sources=2,
+        input_topic="clicks-1",
+        key="json:url",
+        time="json:ts:ms",
+        sum="json:bytes",
+        query=query,
+        run_id="r",
+        ending_offsets=(4, 5),
+    )
+    argv = plan.argv("group", config.load({}))
+    assert argv[argv.index("--query") + 1] == query and "--input-topic" not in argv
+    args = build_parser().parse_args(argv)
+    job = job_from_args(args)
+    from_argv = user_topic_from_args(args, window_ms=10_000, lateness_ms=0, job=job)
+    planned = plan.user_topic()
+    assert from_argv is not None and planned is not None
+    assert from_argv.extractor == planned.extractor
+    assert [c.name for c in planned.extractor.columns] == ["status"]
+    restored, _prefix = restore(describe(planned, RunNames("r")))
+    assert restored == planned and restored.where == planned.where is not None

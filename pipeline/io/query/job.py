@@ -183,8 +183,8 @@ LIVE_AGGREGATES = ("count(*)", "sum")
 
 def live_refusal(job: Job) -> str | None:
     """One line naming what the live stages do not run of ``job``, None if they run all of it:
-    a tumbling window, one grouping column, no ``WHERE``, ``count(*)`` and at most one
-    ``sum()`` (docs/query.md#what-runs-live).
+    a tumbling window, one grouping column, ``count(*)``, at most one ``sum()`` and a
+    ``WHERE`` on a topic's fields (docs/query.md#what-runs-live).
 
     Example:
         >>> hopping = Job("", "t", (), ("k",), None, Window("hopping", 60_000, 10_000), (), None,
@@ -197,8 +197,8 @@ def live_refusal(job: Job) -> str | None:
         return f"{kind} windows are not run live yet: the live stages run tumbling windows"
     if len(job.group_by) > 1:
         return "a key of several columns is not run live yet: group by one column"
-    if job.where is not None:
-        return "WHERE is not run live yet: filter the topic before the run"
+    if job.where is not None and job.table == OWN_STREAM:
+        return "WHERE on skewer's own stream is not run live: it has no fields to filter on"
     beyond = [a for a in job.aggregates if a.function not in LIVE_AGGREGATES]
     if beyond:
         function = beyond[0].function
