@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline.observe.series import (
     GROUPING_BATCH_SECONDS,
     GROUPING_DEAD_LETTERS,
+    GROUPING_FILTERED,
     GROUPING_LATE,
     GROUPING_RECORDS,
     GROUPING_ROUTED,
@@ -42,6 +43,7 @@ class GroupingMetrics:
         self._dead_letters = {reason: self._dead_letter_child(reason) for reason in reasons}
         self._batch_seconds = GROUPING_BATCH_SECONDS.labels(**labels.of(source=source))
         self._late = GROUPING_LATE.labels(**labels.of(source=source))
+        self._filtered = GROUPING_FILTERED.labels(**labels.of(source=source))
         self._table_version = ROUTING_TABLE_VERSION.labels(**labels.of(source=source))
         self._table_entries = ROUTING_TABLE_ENTRIES.labels(**labels.of(source=source))
         self.table(0, 0)
@@ -56,12 +58,16 @@ class GroupingMetrics:
         dead_letters: Mapping[str, int],
         seconds: float,
         late: int = 0,
+        filtered: int = 0,
     ) -> None:
         """One committed batch: records consumed, DATA records per worker, dead letters per
-        reason, its route + produce + commit time, and its late records (a user topic)."""
+        reason, its route + produce + commit time, and its late records and those a query's
+        WHERE left out (a user topic)."""
         self._records.inc(records)
         if late:
             self._late.inc(late)
+        if filtered:
+            self._filtered.inc(filtered)
         for child, count in zip(self._routed, routed, strict=True):
             if count:
                 child.inc(count)

@@ -76,6 +76,8 @@ SERIES: tuple[Series, ...] = (
            "records the grouping source sent to dead-letters, by reason", "group"),
     Series("skewer_grouping_late_records_total", "counter", ("source",),
            "records of a user topic whose window had closed, sent to the late topic", "group"),
+    Series("skewer_grouping_filtered_records_total", "counter", ("source",),
+           "records of a user topic that the query's WHERE left out", "group"),
     Series("skewer_grouping_batch_seconds", "histogram", ("source",),
            "seconds per batch of the grouping source: route, produce and commit", "group"),
     Series("skewer_routing_table_version", "gauge", ("source",),
@@ -183,6 +185,7 @@ GROUPING_RECORDS = _counter("skewer_grouping_records_total")
 GROUPING_ROUTED = _counter("skewer_grouping_routed_total")
 GROUPING_DEAD_LETTERS = _counter("skewer_grouping_dead_letters_total")
 GROUPING_LATE = _counter("skewer_grouping_late_records_total")
+GROUPING_FILTERED = _counter("skewer_grouping_filtered_records_total")
 GROUPING_BATCH_SECONDS = _histogram("skewer_grouping_batch_seconds", BATCH_SECONDS_BUCKETS)
 ROUTING_TABLE_VERSION = _gauge("skewer_routing_table_version", "mostrecent")
 ROUTING_TABLE_ENTRIES = _gauge("skewer_routing_table_entries", "mostrecent")

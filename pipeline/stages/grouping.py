@@ -377,10 +377,11 @@ class GroupingSource:
         summary.batches += 1
         late = int(output.late_rows.shape[0])
         summary.late += late
-        summary.filtered += int(output.filtered_rows.shape[0])
+        filtered = int(output.filtered_rows.shape[0])
+        summary.filtered += filtered
         if self.metrics is not None:
             if records:
-                self.metrics.batch(records, routed, dead, seconds, late=late)
+                self.metrics.batch(records, routed, dead, seconds, late=late, filtered=filtered)
             self.metrics.table_of(self.scheme)
 
 

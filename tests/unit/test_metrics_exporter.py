@@ -92,6 +92,7 @@ def test_every_contract_series_is_defined_once_with_run_and_scheme() -> None:
         "skewer_grouping_routed_total": ("source", "worker"),
         "skewer_grouping_dead_letters_total": ("source", "reason"),
         "skewer_grouping_late_records_total": ("source",),
+        "skewer_grouping_filtered_records_total": ("source",),
         "skewer_grouping_batch_seconds": ("source",),
         "skewer_routing_table_version": ("source",),
         "skewer_routing_table_entries": ("source",),
@@ -406,9 +407,13 @@ def test_grouping_metrics_count_what_a_source_commits() -> None:
     scheme's), dead letters per reason (zero before any), batch time and table gauges."""
     labels = metric_series.RunLabels("g-unit", "key")
     config = grouping.StageConfig(
-        bootstrap="", redis_url="", names=RunNames("g-unit"), scheme="key", n_workers=3,
+        bootstrap="",
+        redis_url="",
+        names=RunNames("g-unit"),
+        scheme="key",
+        n_workers=3,
         n_sources=2,
-    )  # fmt: skip
+    )
     source_metrics = grouping_metrics.GroupingMetrics(labels, 1, 3, reasons=grouping.REASONS)
     source = grouping.GroupingSource(config, 1, None, source_metrics)  # type: ignore[arg-type]
     of = labels.of
@@ -429,6 +434,45 @@ def test_grouping_metrics_count_what_a_source_commits() -> None:
     assert _value("skewer_grouping_batch_seconds_count", **of(source=1)) == 1
     assert _value("skewer_routing_table_version", **of(source=1)) == 0
     assert source.summary.batches == 1 and source.summary.dead_letters["no-key"] == 1
+
+
+def test_grouping_metrics_count_what_a_querys_where_leaves_out() -> None:
+    """A user topic's records the WHERE leaves out are neither routed nor dead letters: they
+    are counted apart, in the summary and the series."""
+    from pipeline.stages.user_topic import UserTopic, topic_extractor
+
+    query = (
+        "SELECT u, count(*) FROM t WHERE n >= 2 GROUP BY u, window(timestamp_millis(ts), "
+        "'10 seconds')"
+    )
+    topic = UserTopic("t", topic_extractor("json:u", "json:ts:ms", None, query), query=query)
+    labels = metric_series.RunLabels("g-where", "key")
+    config = grouping.StageConfig(
+        bootstrap="",
+        redis_url="",
+        names=RunNames("g-where"),
+        scheme="key",
+        n_workers=2,
+        n_sources=1,
+        input=topic,
+    )
+    source_metrics = grouping_metrics.GroupingMetrics(labels, 0, 2, reasons=grouping.REASONS)
+    source = grouping.GroupingSource(config, 0, None, source_metrics)  # type: ignore[arg-type]
+    values = [
+        b'{"u": "a", "ts": 1, "n": 1}',
+        b'{"u": "b", "ts": 2, "n": 2}',
+        b'{"u": "c", "ts": 3}',
+        b'{"ts": 4, "n": 5}',
+        b'{"u": "d", "ts": 5, "n": 3}',
+    ]
+    messages = [_Message(None, value, at) for at, value in enumerate(values)]
+    output = source.route_batch(messages, source.input.fresh_watermark())
+    source._committed(output, len(messages), 0.01)
+    assert output.data_rows.tolist() == [1, 4] and output.filtered_rows.tolist() == [0, 2]
+    of = labels.of
+    assert _value("skewer_grouping_filtered_records_total", **of(source=0)) == 2
+    assert _value("skewer_grouping_dead_letters_total", **of(source=0, reason="no-key")) == 1
+    assert source.summary.filtered == 2 and sum(source.summary.routed) == 2
 
 
 def test_controller_metrics() -> None:
