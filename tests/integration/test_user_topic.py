@@ -26,6 +26,7 @@ bad settings (one line, exit 2).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -261,10 +262,19 @@ def run_on_topic(
         verified = None
         if cli_verify:
             done = subprocess.run(
-                [sys.executable, "-m", "pipeline.cli", "verify", "--run-id", plan.run_id,
-                 "--recount"],
-                capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "pipeline.cli",
+                    "verify",
+                    "--run-id",
+                    plan.run_id,
+                    "--recount",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert done.returncode == 0, done.stdout + done.stderr[-2000:]
             verified = done.stdout
     return Outcome(plan, summary, results, result_sums, late_topic, dead, verified)
@@ -340,6 +350,13 @@ def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(
         amount="json:bytes",
         mixed_query=JSON_QUERY.format(topic=topic),
     )
+    # The query under hashing and under W-Choices too: its results must not depend on the
+    # scheme, whether it splits hot keys or migrates them.
+    mixed = next(plan for plan in plans if plan.query)
+    plans += [
+        dataclasses.replace(mixed, scheme=scheme, run_id=f"own-json-{scheme}-{new_run_id()[5:]}")
+        for scheme in ("key", "w-choices")
+    ]
     with ThreadPoolExecutor(len(plans)) as pool:
         outcomes = list(
             pool.map(
@@ -348,6 +365,13 @@ def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(
         )
     for outcome in outcomes:
         check(outcome, where if outcome.plan.query else expected)
+    by_query = [o for o in outcomes if o.plan.query]
+    assert len(by_query) == 3
+    for outcome in by_query[1:]:
+        assert (outcome.results, outcome.result_sums) == (
+            by_query[0].results,
+            by_query[0].result_sums,
+        )
     cli = next(o.cli_verify for o in outcomes if o.cli_verify is not None)
     assert cli.startswith("exact: every (key, window) count and sum equals the recount")
 
