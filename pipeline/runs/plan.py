@@ -198,8 +198,9 @@ class RunPlan:
                 f"--trigger must be one of {', '.join(config.TRIGGERS)}, got {self.trigger!r}"
             )
         if self.trigger == config.REAL_TIME and self.sum:
+            said = "--query's sum()" if self.query else "--sum"
             raise ValueError(
-                "--sum is for --trigger micro-batch: the real-time writer does not sum"
+                f"{said} is for --trigger micro-batch: the real-time writer does not sum"
             )
         if self.jit is not None and self.jit not in JIT_MODES:
             raise ValueError(f"--jit must be one of {', '.join(JIT_MODES)}, got {self.jit!r}")

@@ -134,3 +134,12 @@ def test_a_plans_query_reaches_the_grouping_stage_and_survives_redis() -> None:
     assert [c.name for c in planned.extractor.columns] == ["status"]
     restored, _prefix = restore(describe(planned, RunNames("r")))
     assert restored == planned and restored.where == planned.where is not None
+
+
+def test_a_query_that_sums_is_refused_in_real_time_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    query = "SELECT url, count(*), sum(bytes) FROM clicks " + GROUPED
+    assert main(["demo", "--trigger", "real-time", "--query", query]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.endswith(
+        "--query's sum() is for --trigger micro-batch: the real-time writer does not sum"
+    )
