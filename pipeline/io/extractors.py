@@ -44,6 +44,7 @@ from pipeline.io.dead_letters import (
     UNDECODABLE,
 )
 from pipeline.io.extract import csv_scan, json_scan
+from pipeline.io.extract.compound import json_arrays
 from pipeline.io.extract.numbers_times import (
     AMOUNT_DIGITS,
     TIME_LIMIT_MS,
@@ -163,11 +164,13 @@ class Extractor:
     amount: FieldSpec | None = None
     #: Further columns a query reads (its WHERE's), read in the same pass over the batch.
     columns: tuple[Column, ...] = ()
+    #: A query's grouping columns after the first (``key``): the key is then all of them.
+    key_columns: tuple[Column, ...] = ()
 
     def __post_init__(self) -> None:
         check_together(self.key, self.time, self.amount)
         fmt = self.value_format
-        for column in self.columns:
+        for column in (*self.columns, *self.key_columns):
             source = column.spec.source
             if source in ("json", "csv") and fmt not in (None, source):
                 raise ExtractorSpecError(
@@ -180,13 +183,15 @@ class Extractor:
 
     def _value_specs(self, fmt: str) -> list[FieldSpec]:
         """Every spec that reads the value in format ``fmt``, each once, the flags' first."""
-        specs = [s for _, s in self._flagged()] + [c.spec for c in self.columns]
+        specs = [s for _, s in self._flagged()]
+        specs += [c.spec for c in (*self.columns, *self.key_columns)]
         return list(dict.fromkeys(s for s in specs if s.source == fmt))
 
     @property
     def value_format(self) -> str | None:
         """``json`` or ``csv`` if some spec reads the value, else None."""
-        specs = [s for _, s in self._flagged()] + [c.spec for c in self.columns]
+        specs = [s for _, s in self._flagged()]
+        specs += [c.spec for c in (*self.columns, *self.key_columns)]
         return next((s.source for s in specs if s.source in ("json", "csv")), None)
 
     def detail(self, reason: int) -> str:
@@ -197,6 +202,9 @@ class Extractor:
             if spec.source == "json":
                 return f"{spec.text}: the value is not a JSON object"
             return f"{spec.text}: the value is not CSV (no value, or an unclosed quote)"
+        if reason == NO_KEY and self.key_columns:
+            named = ", ".join([key.text, *(c.spec.text for c in self.key_columns)])
+            return f"{named}: a grouping column has no string or integer value"
         if reason == NO_KEY:
             if key.source == "kafka-key":
                 return f"{key.text}: the record has no key"
@@ -326,8 +334,32 @@ class Extractor:
         kafka_keys: Values | None,
         n: int,
     ) -> tuple[KeyBatch, np.ndarray, np.ndarray]:
-        """(keys, no-key mask, too-large mask)."""
-        if self.key.source == "kafka-key":
+        """(keys, no-key mask, too-large mask); with :attr:`key_columns`, the key is the JSON
+        array of every grouping column's text (:mod:`pipeline.io.extract.compound`), and a
+        record without one of them has no key."""
+        keys, missing = self._texts_of(self.key, data, fields, kafka_keys, n)
+        if self.key_columns:
+            parts = [keys]
+            for column in self.key_columns:
+                part, part_missing = self._texts_of(column.spec, data, fields, kafka_keys, n)
+                parts.append(part)
+                missing |= part_missing
+            keys = json_arrays(parts)
+            if missing.any():
+                keys = _kept(keys, ~missing)
+        lengths = np.diff(keys.offsets)
+        return keys, missing | (lengths == 0), lengths > MAX_KEY_BYTES
+
+    def _texts_of(
+        self,
+        spec: FieldSpec,
+        data: np.ndarray,
+        fields: dict[FieldSpec, Field],
+        kafka_keys: Values | None,
+        n: int,
+    ) -> tuple[KeyBatch, np.ndarray]:
+        """A key column's text per record, and the mask of records without one."""
+        if spec.source == "kafka-key":
             if kafka_keys is None:
                 raise ValueError("a kafka-key extractor needs the records' keys")
             keys, valid = binary_column(kafka_keys)
@@ -337,11 +369,9 @@ class Extractor:
                 # A null key's slice is whatever Arrow stored: make it empty before anyone
                 # reads it as a key.
                 keys = _kept(keys, valid)
-            lengths = np.diff(keys.offsets)
-            return keys, ~valid | (lengths == 0), lengths > MAX_KEY_BYTES
-        keys = _texts(data, fields[self.key])[0]
-        lengths = np.diff(keys.offsets)
-        return keys, lengths == 0, lengths > MAX_KEY_BYTES
+            return keys, ~valid | (np.diff(keys.offsets) == 0)
+        keys = _texts(data, fields[spec])[0]
+        return keys, np.diff(keys.offsets) == 0
 
     def amounts(self, values: Values) -> tuple[np.ndarray, np.ndarray]:
         """Only the amounts (int64 millionths; 0 where missing) and a mask of the records that

@@ -139,19 +139,23 @@ def restore(text: str | bytes) -> tuple[UserTopic, str]:
 
 
 def topic_extractor(key: str, time: str, amount: str | None, query: str | None) -> Extractor:
-    """The extractor of a run on a user's topic: the key, time and amount specs, and the
-    columns ``query``'s WHERE reads (ValueError with one line for a bad spec or query)."""
+    """The extractor of a run on a user's topic: the key, time and amount specs, the columns
+    ``query``'s WHERE reads and its grouping columns after the first (ValueError with one line
+    for a bad spec or query)."""
     columns: tuple[Column, ...] = ()
+    key_columns: tuple[Column, ...] = ()
     if query:
-        where = parse_query(query).where
-        if where is not None:
-            read = columns_read(where)
-            columns = tuple(c for c in parse_query(query).columns if c.name in read)
+        job = parse_query(query)
+        key_columns = tuple(job.column(name) for name in job.group_by[1:])
+        if job.where is not None:
+            read = columns_read(job.where)
+            columns = tuple(c for c in job.columns if c.name in read)
     return Extractor(
         key=extractors.parse_key(key),
         time=extractors.parse_time(time),
         amount=extractors.parse_amount(amount) if amount else None,
         columns=columns,
+        key_columns=key_columns,
     )
 
 

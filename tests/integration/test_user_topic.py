@@ -20,8 +20,8 @@ recount (``verify --recount``'s check, sums included) and, independently, equal 
 dead letters must be exactly the ones injected, the late ones decided by the rule written out
 below, record by record.
 
-Then an idle partition (its source adopts the other's watermark after the idle timeout) and
-bad settings (one line, exit 2).
+Then bad settings (one line, exit 2). The grouping stage alone on a user's topic (an idle
+partition, records deleted before they were read): test_user_topic_stage.py.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ import pytest
 from live_runs import shared_spark_run
 
 from pipeline.io import config, kafka_io
-from pipeline.io.redis_layout import RunKeys
 from pipeline.runs.plan import RunPlan, new_run_id
 from pipeline.runs.summary import RunSummary
 
@@ -135,24 +134,32 @@ def json_lines() -> list[str]:
         amount = (
             round(float(rng.uniform(0, 5_000)), digits) if digits else int(rng.integers(0, 5_000))
         )
-        fields = {"user": user, "ts": stamp.replace("+00:00", "Z"), "bytes": amount, "n": i}
+        device = ("mobile", "desktop", "tablet")[i % 3]
+        fields = {
+            "user": user,
+            "device": device,
+            "ts": stamp.replace("+00:00", "Z"),
+            "bytes": amount,
+            "n": i,
+        }
         value: str = json.dumps(fields)
         if i % 997 == 500:
             value = "not json {"
         elif i % 1499 == 700:
             value = json.dumps({"name": user, "ts": stamp})
         elif i % 1999 == 900:
-            value = json.dumps({"user": user, "ts": "yesterday"})
+            value = json.dumps({"user": user, "device": device, "ts": "yesterday"})
         elif i % 1777 == 1000:
             value = json.dumps({**fields, "bytes": "lots"})
         lines.append(f"{user}|{value}")
     return lines
 
 
-#: The query the JSON stream's mixed run is given: the flags of the pkg run, and a WHERE.
+#: The query the JSON stream's query runs are given: the pkg run's flags, with a WHERE and a
+#: second grouping column.
 JSON_QUERY = (
-    "SELECT user, window.start, count(*) AS hits, sum(bytes) AS bytes FROM `{topic}` "
-    "WHERE n >= 600 AND NOT user LIKE 'u1%' GROUP BY user, window(ts, '10 seconds')"
+    "SELECT user, device, window.start, count(*) AS hits, sum(bytes) AS bytes FROM `{topic}` "
+    "WHERE n >= 600 AND NOT user LIKE 'u1%' GROUP BY user, device, window(ts, '10 seconds')"
 )
 
 
@@ -160,6 +167,15 @@ def json_where(record: kafka_io.StoredRecord) -> bool:
     """:data:`JSON_QUERY`'s WHERE on a record :func:`parse_json` accepts."""
     doc = json.loads(record.value or b"")
     return doc["n"] >= 600 and not doc["user"].startswith("u1")
+
+
+def parse_json_by_device(record: kafka_io.StoredRecord) -> tuple[bytes, int, int] | str:
+    """:func:`parse_json` with :data:`JSON_QUERY`'s key: the JSON array of user and device."""
+    parsed = parse_json(record)
+    if isinstance(parsed, str):
+        return parsed
+    key = json.dumps([parsed[0].decode(), json.loads(record.value or b"")["device"]])
+    return key.replace(", ", ",").encode(), parsed[1], parsed[2]
 
 
 def parse_json(record: kafka_io.StoredRecord) -> tuple[bytes, int, int] | str:
@@ -340,7 +356,9 @@ def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(
     )
     # Some amounts have digits beyond the millionths kept: the sums must floor them alike.
     assert any(s % 1_000 for c in expected.sums.values() for s in c.values())
-    where = expected_from_topic(settings.kafka_bootstrap, topic, parse_json, where=json_where)
+    where = expected_from_topic(
+        settings.kafka_bootstrap, topic, parse_json_by_device, where=json_where
+    )
     assert where.filtered > RECORDS // 20 and where.late > 0
     plans = plans_for(
         topic,
@@ -445,147 +463,3 @@ def test_a_sum_without_a_topic_of_ones_own_fails_with_one_line() -> None:
         "skewer group: error: --sum json:bytes needs --input-topic: skewer's own records carry "
         "no amount"
     )
-
-
-# --- the grouping stage alone, on a topic keyed and timed by Kafka ------------------------------
-
-
-def kafka_keyed_stage(
-    settings: config.Settings,
-    topic: str,
-    tag: str,
-    sources: int,
-    *,
-    idle_timeout_ms: int = 0,
-    until_end: bool = False,
-) -> Any:
-    """A pkg grouping stage of W = 2 over ``topic``, keyed by the Kafka key and timed by the
-    Kafka timestamp, records out of order by up to 1 s; its run's topics are created."""
-    from pipeline.io import extractors
-    from pipeline.stages import grouping
-    from pipeline.stages.user_topic import UserTopic
-
-    run = f"{tag}-{new_run_id()[5:]}"
-    stage = grouping.StageConfig(
-        bootstrap=settings.kafka_bootstrap,
-        redis_url=settings.redis_url,
-        names=kafka_io.RunNames(run, f"{run}-"),
-        scheme="pkg",
-        n_workers=2,
-        n_sources=sources,
-        until_end=until_end,
-        input=UserTopic(
-            topic=topic,
-            extractor=extractors.Extractor(
-                key=extractors.parse_key("kafka-key"),
-                time=extractors.parse_time("kafka-timestamp"),
-            ),
-            max_out_of_order_ms=1_000,
-            idle_timeout_ms=idle_timeout_ms,
-        ),
-    )
-    grouping.prepare(stage)
-    return stage
-
-
-def delete_run_topics(stage: Any) -> None:
-    """Delete the topics ``kafka_keyed_stage`` created."""
-    names = stage.names
-    kafka_io.delete_topics(
-        stage.bootstrap,
-        [names.work_topic, names.dead_letters_topic, names.late_topic, names.results_topic],
-    )
-
-
-# --- an idle partition -------------------------------------------------------------------------
-
-
-def test_an_idle_partition_stops_holding_windows_open(
-    settings: config.Settings, redis: Any, create_topic: Any, topic_name: str
-) -> None:
-    """Partition 0 gets records, partition 1 none. After the idle timeout (1 s here) source 1
-    adopts the watermark source 0 forwarded and forwards it too, so the workers' minimum over
-    the sources moves on; a record partition 1 gets afterwards, older than that watermark, is
-    late (the late topic), not lost."""
-    from confluent_kafka import Producer
-
-    from pipeline.io.records import Kind, decode_work
-    from pipeline.stages import grouping
-
-    topic = create_topic(topic_name, PARTITIONS)
-    stage = kafka_keyed_stage(settings, topic, "idle", PARTITIONS, idle_timeout_ms=1_000)
-    names = stage.names
-    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
-    for i in range(300):  # 30 s of event time
-        producer.produce(
-            topic, b"v", f"k{i % 7}".encode(), partition=0, timestamp=START_MS + 100 * i
-        )
-    assert producer.flush(30) == 0
-    stop = threading.Event()
-    threads = [
-        threading.Thread(target=grouping.run_source, args=(stage, s, stop.is_set), daemon=True)
-        for s in range(PARTITIONS)
-    ]
-    for thread in threads:
-        thread.start()
-    forwarded = RunKeys(names.run_id).sources_watermark
-    expected = START_MS + 100 * 299 - 1_000
-    try:
-        deadline = time.monotonic() + 60
-        while redis.hget(forwarded, 1) is None:
-            assert time.monotonic() < deadline, "the idle source never adopted a watermark"
-            time.sleep(0.2)
-        assert int(redis.hget(forwarded, 0)) == int(redis.hget(forwarded, 1)) == expected
-        producer.produce(topic, b"v", b"old", partition=1, timestamp=START_MS)
-        assert producer.flush(30) == 0
-        while not redis.hget(RunKeys(names.run_id).stats("late_input"), 1):
-            assert time.monotonic() < deadline, "the old record was not reported late"
-            time.sleep(0.2)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(30)
-        work = kafka_io.read_topic(settings.kafka_bootstrap, names.work_topic)
-        late = kafka_io.read_topic(settings.kafka_bootstrap, names.late_topic)
-        delete_run_topics(stage)
-    decoded, ok = decode_work([r.value for r in work])
-    marks = ok & (decoded["kind"] == Kind.WATERMARK) & (decoded["source"] == 1)
-    assert {int(t) for t in decoded["event_time_ms"][marks]} == {expected}
-    assert {r.partition for r, m in zip(work, marks.tolist(), strict=True) if m} == {0, 1}
-    assert [json.loads(r.value or b"{}")["partition"] for r in late] == [1]
-
-
-# --- records deleted before they were read -----------------------------------------------------
-
-
-def test_a_bounded_run_over_a_topic_emptied_by_deletion_ends(
-    settings: config.Settings, create_topic: Any, topic_name: str, capfd: pytest.CaptureFixture[str]
-) -> None:
-    """The topic held 100 records, all deleted (delete-records here; in CI the broker's
-    retention removed a stream timestamped a day back) before a bounded run began: its one
-    source finds nothing to read, and must see that it stands at its end offset (the first
-    offset left), forward END_OF_STREAM and end, not wait for records that no longer exist.
-    Nothing is reported lost: the records were gone before the run began."""
-    from confluent_kafka import Producer, TopicPartition
-    from confluent_kafka.admin import AdminClient
-
-    from pipeline.stages import grouping
-
-    topic = create_topic(topic_name, 1)
-    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap})
-    for i in range(100):
-        producer.produce(topic, b"v", f"k{i % 7}".encode(), partition=0)
-    assert producer.flush(30) == 0
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
-    [deleted] = admin.delete_records([TopicPartition(topic, 0, 100)]).values()
-    assert deleted.result(30).low_watermark == 100  # the partition's first offset now
-    stage = kafka_keyed_stage(settings, topic, "gone", 1, until_end=True)
-    deadline = time.monotonic() + 60
-    try:
-        summary = grouping.run_source(stage, 0, lambda: time.monotonic() > deadline)
-    finally:
-        delete_run_topics(stage)
-    assert summary.ended, "the source did not reach its end offset"
-    assert time.monotonic() < deadline
-    assert summary.records == 0
-    assert "deleted" not in capfd.readouterr().err

@@ -389,3 +389,40 @@ def test_a_querys_columns_read_the_values_format_of_the_flags() -> None:
     ).column("_c1")
     with pytest.raises(ExtractorSpecError, match="column _c1 reads csv values but the others"):
         Extractor(parse_key("json:k"), parse_time("kafka-timestamp"), None, (csv_column,))
+
+
+def test_a_key_of_several_columns_is_the_json_array_of_their_texts() -> None:
+    """``GROUP BY user, device``: the key ``["u1","mobile"]``, escaped so that no two tuples
+    share a key; a record without one of the columns has no key."""
+    from pipeline.io.query.parse import parse_query
+    from pipeline.stages.user_topic import topic_extractor
+
+    query = (
+        "SELECT user, device, key, count(*) FROM t GROUP BY user, device, key, "
+        "window(timestamp_millis(ts), '1 minute')"
+    )
+    assert [c.name for c in parse_query(query).columns] == ["user", "device", "key"]
+    compound = topic_extractor("json:user", "json:ts:ms", None, query)
+    values = [
+        b'{"user": "u1", "device": "mobile", "ts": 1}',
+        b'{"user": "a\\",\\"b", "device": "c", "ts": 2}',
+        b'{"user": "a", "device": "\\",\\"b\\nc", "ts": 3}',
+        b'{"user": "u2", "ts": 4}',
+        b'{"user": 7, "device": 8, "ts": 5}',
+    ]
+    out = compound.extract(values, [b"k", b"k", b"k", b"k", b"k"], None)
+    assert out.keys.to_list() == [
+        b'["u1","mobile","k"]',
+        b'["a\\",\\"b","c","k"]',
+        b'["a","\\",\\"b\\u000ac","k"]',
+        b"",
+        b'["7","8","k"]',
+    ]
+    assert [json.loads(k) for k in out.keys.to_list() if k][1:3] == [
+        ['a","b', "c", "k"],
+        ["a", '","b\nc', "k"],
+    ]
+    assert out.reasons.tolist() == [-1, -1, -1, NO_KEY, -1]
+    assert compound.detail(NO_KEY) == (
+        "json:user, json:device, kafka-key: a grouping column has no string or integer value"
+    )

@@ -147,7 +147,7 @@ class Output:
 @dataclass(frozen=True)
 class Job:
     """A user's windowed job. ``table`` is ``FROM``'s topic (or :data:`OWN_STREAM`);
-    ``group_by`` the grouping columns, of which the first is the one the scheme routes on;
+    ``group_by`` the grouping columns, together the key the scheme routes on;
     ``time`` where the event time is (None: in the header of skewer's own records);
     ``columns`` every column the query reads besides the event time."""
 
@@ -166,7 +166,9 @@ class Job:
 
     @property
     def route_on(self) -> Column:
-        """The column the scheme routes on: the first of ``GROUP BY``."""
+        """The first grouping column: the key the scheme routes on, or its first part when
+        several columns group (the key is then all of them, :mod:`pipeline.io.extract.
+        compound`)."""
         return self.column(self.group_by[0])
 
     @property
@@ -183,8 +185,8 @@ LIVE_AGGREGATES = ("count(*)", "sum")
 
 def live_refusal(job: Job) -> str | None:
     """One line naming what the live stages do not run of ``job``, None if they run all of it:
-    a tumbling window, one grouping column, ``count(*)``, at most one ``sum()`` and a
-    ``WHERE`` on a topic's fields (docs/query.md#what-runs-live).
+    a tumbling window, ``count(*)``, at most one ``sum()``, and a ``WHERE`` and grouping
+    columns on a topic's fields (docs/query.md#what-runs-live).
 
     Example:
         >>> hopping = Job("", "t", (), ("k",), None, Window("hopping", 60_000, 10_000), (), None,
@@ -195,8 +197,6 @@ def live_refusal(job: Job) -> str | None:
     if job.window.kind != "tumbling":
         kind = job.window.kind
         return f"{kind} windows are not run live yet: the live stages run tumbling windows"
-    if len(job.group_by) > 1:
-        return "a key of several columns is not run live yet: group by one column"
     if job.where is not None and job.table == OWN_STREAM:
         return "WHERE on skewer's own stream is not run live: it has no fields to filter on"
     beyond = [a for a in job.aggregates if a.function not in LIVE_AGGREGATES]
