@@ -221,6 +221,13 @@ class ControlPlane:
 
     # -- controller --------------------------------------------------------------------------
 
+    def mark_started(self) -> None:
+        """Say a controller is up: the run's producers wait for it (the orchestrator)."""
+        self.client.hset(self.keys.ctl_current, "started_ms", int(time.time() * 1000))
+
+    def controller_started(self) -> bool:
+        return bool(self.client.hexists(self.keys.ctl_current, "started_ms"))
+
     def open_round(self) -> int:
         return int(self.client.hincrby(self.keys.ctl_current, "round", 1))
 

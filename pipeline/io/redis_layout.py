@@ -195,7 +195,7 @@ class RunKeys:
 
     @property
     def ctl_current(self) -> str:
-        """Hash version, round, migrating."""
+        """Hash version, round, migrating, and started_ms (when a controller last started)."""
         return f"{self.prefix}ctl:current"
 
     def ctl_report(self, round_: int, source: int) -> str:

@@ -238,6 +238,10 @@ class Pipeline:
             self._wait_work_ready_logged(timeout)
         if "group" in stages and "produce" in stages:
             self.wait_group_ready(timeout)
+        if "control" in stages and "produce" in stages:
+            # A routing-table scheme's controller measures rounds in wall time: one still
+            # importing under load would let a short stream pass without a single round.
+            self.wait_control_ready(timeout)
         if gated:
             self.release_producers()
         elif "produce" in stages:
@@ -322,6 +326,14 @@ class Pipeline:
 
         self._wait_ready("group", every_source_started, timeout, poll=0.1)
         self.clock.mark("grouping sources ready")  # as polled: at most 0.1 s late
+
+    def wait_control_ready(self, timeout: float = WORK_READY_SECONDS) -> None:
+        """Until the controller adopted the control plane's state (raises if it died)."""
+        from pipeline.io.control_store import ControlPlane
+
+        plane = ControlPlane(self.store.client, self.plan.run_id)
+        self._wait_ready("control", plane.controller_started, timeout, poll=0.1)
+        self.clock.mark("controller ready")
 
     def _wait_ready(
         self, stage: str, ready: Callable[[], bool], timeout: float, poll: float = 0.2
@@ -565,6 +577,7 @@ class Pipeline:
             dead_letters=sum(dead.values()),
             late_records=sum(counters.late_per_source().values()),
             filtered_records=sum(counters.filtered_per_source().values()),
+            top_rows=self.top_rows(),
             dead_letter_reasons=dead,
             stages={name: p.output() for name, p in self.stages.items()},
             restarts={name: p.starts - 1 for name, p in self.stages.items() if p.starts > 1},
@@ -572,6 +585,25 @@ class Pipeline:
             migrations=ControlPlane(store.client, plan.run_id).rebalances(),
             **timing,
         )
+
+    def top_rows(self, k: int = 5) -> list[dict[str, Any]]:
+        """A query's run: its last final window's ``k`` top keys as the query's rows."""
+        from pipeline.io.extractors import format_amount
+        from pipeline.io.query.job import output_row
+        from pipeline.io.query.parse import parse_query
+        from pipeline.io.state_store import key_text
+
+        final = self.store.final_windows()
+        if self.plan.query is None or not final:
+            return []
+        job, window = parse_query(self.plan.query), max(final)
+        sums = self.store.result_sums(window) if self.plan.sum else {}
+        return [
+            output_row(
+                job, window, key_text(key), count, format_amount(sums[key]) if key in sums else None
+            )
+            for key, count in self.store.topk(window)[:k]
+        ]
 
     def verify(self) -> RunVerification | RecountVerification:
         """Is the run exact? Against the producers' ground truth, or, for a user's topic, a

@@ -42,6 +42,7 @@ EVENTS = (
     "group started",
     "workers warmed up",
     "grouping sources ready",
+    "controller ready",
     "workers applied a batch",
     "producers started",
     "first record produced",

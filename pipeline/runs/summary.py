@@ -57,6 +57,9 @@ class RunSummary:
     late_records: int = 0
     #: Records of a user's topic that the query's WHERE left out.
     filtered_records: int = 0
+    #: A query's run: the last final window's top keys, one row each, named as the query names
+    #: its columns (:func:`pipeline.io.query.job.output_row`).
+    top_rows: list[dict[str, Any]] = field(default_factory=list)
     #: p50/p99 of the records applied after the first 20 % of the run's records were
     #: (:func:`pipeline.runs.latency.steady_histogram`): the pipeline once warm.
     latency_steady_p50_ms: float | None = None
@@ -110,6 +113,7 @@ class RunSummary:
             "dead_letter_reasons": self.dead_letter_reasons,
             "late_records": self.late_records,
             "filtered_records": self.filtered_records,
+            "top_rows": self.top_rows,
             "per_worker": self.per_worker,
             "latency_p50_ms_per_worker": self.latency_p50_per_worker,
             "latency_p99_ms_per_worker": self.latency_p99_per_worker,
@@ -169,7 +173,22 @@ class RunSummary:
                 f"entries moved, {held:,} record(s) held back for at most {hold:.2f} s; "
                 f"longest migration {longest:.2f} s"
             )
+        if self.top_rows:
+            out.append("top keys of the last window, as the query names its columns:")
+            out += [_row_table(self.top_rows)]
         return out
+
+
+def _row_table(rows: list[dict[str, Any]]) -> str:
+    """``rows`` as an aligned text table, one line per row under its column names."""
+    names = list(rows[0])
+    cells = [[str(row[name]) for name in names] for row in rows]
+    widths = [max(len(name), *(len(line[i]) for line in cells)) for i, name in enumerate(names)]
+    lines = [names, *cells]
+    return "\n".join(
+        "  " + "  ".join(text.ljust(width) for text, width in zip(line, widths, strict=True))
+        for line in lines
+    )
 
 
 def window_lines(windows: list[dict[str, Any]]) -> list[str]:

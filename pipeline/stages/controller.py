@@ -150,6 +150,7 @@ class Controller:
         if self.options.every:
             self._round = current.round + 1
         self._observe_table(published)
+        self.plane.mark_started()
 
     # -- the loop ------------------------------------------------------------------------------
 

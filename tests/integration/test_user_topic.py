@@ -45,6 +45,7 @@ import pytest
 from live_runs import shared_spark_run
 
 from pipeline.io import config, kafka_io
+from pipeline.io.extractors import format_amount
 from pipeline.runs.plan import RunPlan, new_run_id
 from pipeline.runs.summary import RunSummary
 
@@ -343,6 +344,15 @@ def check(outcome: Outcome, expected: Expected) -> None:
     assert summary.records_processed == counted
     left_out = expected.late + sum(expected.dead_letters.values()) + expected.filtered
     assert counted + left_out == RECORDS
+    if outcome.plan.query:
+        # The summary's top keys of the last window, as the query names its columns.
+        rows, last = summary.top_rows, max(expected.counts)
+        assert rows and list(rows[0]) == ["user", "device", "start", "hits", "bytes"]
+        for row in rows:
+            key = json.dumps([row["user"], row["device"]]).replace(", ", ",").encode()
+            assert row["hits"] == expected.counts[last][key]
+            assert row["bytes"] == format_amount(expected.sums[last][key])
+        assert "top keys of the last window" in "\n".join(summary.lines())
 
 
 def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(

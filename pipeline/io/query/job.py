@@ -15,7 +15,9 @@ Example:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 
 from pipeline.io.extract.specs import FieldSpec
@@ -211,3 +213,30 @@ def live_refusal(job: Job) -> str | None:
     if len(summed) > 1:
         return "sums of several columns are not run live yet: sum one column"
     return None
+
+
+def output_row(
+    job: Job, window_start_ms: int, key: str, count: int, sum_text: str | None
+) -> dict[str, object]:
+    """One (key, window) of a live run's result as the query names its columns: the grouping
+    columns' texts (a key of several columns is their JSON array), the window's bounds as
+    ISO-8601 UTC times, ``count(*)`` and ``sum()`` (exact decimal text).
+
+    Example:
+        >>> job = Job("", "t", (), ("user", "device"), None, Window("tumbling", 60_000, 60_000),
+        ...           (Aggregate("count(*)", None, "hits"),), None,
+        ...           (Output("device", "device"), Output("start", "window.start"),
+        ...            Output("hits", "hits")))
+        >>> output_row(job, 0, '["u1","mobile"]', 3, None)
+        {'device': 'mobile', 'start': '1970-01-01T00:00:00.000Z', 'hits': 3}
+    """
+    parts = json.loads(key) if len(job.group_by) > 1 else [key]
+    values: dict[str, object] = dict(zip(job.group_by, parts, strict=True))
+    bounds = {"start": window_start_ms, "end": window_start_ms + job.window.size_ms}
+    for bound, ms in bounds.items():
+        values[f"window.{bound}"] = (
+            datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+        ).replace("+00:00", "Z")
+    for aggregate in job.aggregates:
+        values[aggregate.name] = count if aggregate.function == "count(*)" else sum_text
+    return {output.name: values[output.source] for output in job.outputs}
