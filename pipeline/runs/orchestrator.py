@@ -667,6 +667,8 @@ def start_together(pipelines: Sequence[Pipeline]) -> None:
     for pipeline in pipelines:
         pipeline.wait_group_ready()
         pipeline.wait_workers_applied()
+        if "control" in pipeline.plan.stages:
+            pipeline.wait_control_ready()
     for pipeline in pipelines:
         pipeline.start("produce")
 
