@@ -6,16 +6,15 @@ Every stage runs in its own session (process group): Ctrl-C reaches only the orc
 which stops the stages itself, and a signal to the group reaches the stage with all its
 children (the Spark JVM and its Python workers, the grouping stage's source processes), the way
 a crashed machine would lose them. Each stage also gets SIGTERM if the orchestrator dies
-(``PR_SET_PDEATHSIG``).
+(``PR_SET_PDEATHSIG``, set by util-linux's ``setpriv``, which then executes the stage).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
-import signal
+import shutil
 import subprocess
 import time
 from collections.abc import Mapping
@@ -23,15 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.services.process import die_with_parent
+#: How every stage starts: nothing on stdin, its own session (process group).
+SESSION: dict[str, Any] = {"stdin": subprocess.DEVNULL, "start_new_session": True}
+#: And SIGTERM when the process that started it dies: ``setpriv`` sets it and executes the
+#: stage. Not a ``preexec_fn``: Python code between fork and exec can deadlock in a process
+#: with threads (the child finalises the other threads' objects; a Spark gateway connection's
+#: close waited forever on a lock another thread held at the fork).
+PARENT_DEATH = ("setpriv", "--pdeathsig", "TERM", "--")
 
-#: How every stage starts: nothing on stdin, its own session (process group), and SIGTERM when
-#: the process that started it dies.
-SESSION: dict[str, Any] = {
-    "stdin": subprocess.DEVNULL,
-    "start_new_session": True,
-    "preexec_fn": functools.partial(die_with_parent, signal.SIGTERM),
-}
+
+def with_parent_death(argv: list[str]) -> list[str]:
+    """``argv`` run so that it gets SIGTERM when this process dies (as is without setpriv)."""
+    return [*PARENT_DEATH, *argv] if shutil.which(PARENT_DEATH[0]) else argv
 
 
 def start_stage(
@@ -45,7 +47,9 @@ def start_stage(
     with open(stderr_path, "ab") as stderr:
         stderr.write(f"=== {time.ctime()}: {' '.join(argv)}\n".encode())
     with open(stdout_path, "ab") as stdout, open(stderr_path, "ab") as stderr:
-        process = subprocess.Popen(argv, stdout=stdout, stderr=stderr, env=dict(environ), **SESSION)
+        process = subprocess.Popen(
+            with_parent_death(argv), stdout=stdout, stderr=stderr, env=dict(environ), **SESSION
+        )
     return StageProcess(name, argv, process, stdout_path, stderr_path, starts)
 
 
