@@ -176,11 +176,15 @@ class Injector:
         pipelines: Sequence[Any],
         origin: float,
         log: Callable[[str], None] = lambda _line: None,
+        applied: Callable[[], bool] = lambda: False,
     ) -> None:
         self.settings = settings
         self.pipelines = list(pipelines)
         self.origin = origin
         self.log = log
+        #: Whether every run has applied all of its records: no batch is left for a
+        #: replacement executor to serve.
+        self.applied = applied
         self.struck: list[Struck] = []
         self.down: set[tuple[int, str]] = set()
         self._lock = threading.Lock()
@@ -350,21 +354,37 @@ class Injector:
             struck.details["replacement"] = f"none registered within {REPLACEMENT_SECONDS:g} s"
             return
         struck.details["registered_s"] = self.now()
-        if not self._until_replacements_say(lost, SERVED, deadline):
+        ended = False
+
+        def streams_ended() -> bool:
+            nonlocal ended
+            ended = self.applied()
+            return ended
+
+        if not self._until_replacements_say(lost, SERVED, deadline, or_else=streams_ended):
             struck.details["replacement"] = f"none finished a task within {REPLACEMENT_SECONDS:g} s"
             return
+        if ended:
+            # Registered, but the streams ended first: no task was left for it, and the runs
+            # are back as far as a run can be; its recovery ends with the last record applied.
+            struck.details["served"] = "no task: the streams ended first"
         self._restarted(struck)
 
     def _until_replacements_say(
-        self, lost: Mapping[str, set[int]], line: bytes, deadline: float
+        self,
+        lost: Mapping[str, set[int]],
+        line: bytes,
+        deadline: float,
+        or_else: Callable[[], bool] = lambda: False,
     ) -> bool:
         """Whether each run of ``lost`` had an executor beyond its pids there write ``line``
-        (:func:`executor_says`) before ``deadline`` (``time.monotonic()``)."""
+        (:func:`executor_says`), or ``or_else()`` held, before ``deadline``
+        (``time.monotonic()``)."""
         from pipeline.services.spark_standalone import executor_pids
 
         while True:
             fresh = [set(executor_pids(self.settings, [run])) - old for run, old in lost.items()]
-            if all(any(executor_says(pid, line) for pid in pids) for pids in fresh):
+            if all(any(executor_says(pid, line) for pid in pids) for pids in fresh) or or_else():
                 return True
             if time.monotonic() > deadline:
                 return False

@@ -270,7 +270,9 @@ def run(
         origin = time.monotonic()
         sampler = Sampler(settings, services, pipelines, origin)
         sampler.start()
-        injector = chaos.Injector(services, pipelines, origin, log)
+        injector = chaos.Injector(
+            services, pipelines, origin, log, applied=lambda: all_applied(sampler, pipelines)
+        )
         injector.launch(schedule)
         stopped = watch(pipelines, injector, sampler, seconds, log)
         injector.join()
@@ -381,16 +383,20 @@ def watch(
                     stopped.append(f"{pipeline.plan.run_id} {stage} exited {code}")
                     log(f"{pipeline.plan.run_id}: {stage} exited {code} on its own; started again")
                     pipeline.start(stage)
-        last = sampler.samples[-1] if sampler.samples else None
-        done = last is not None and all(
-            applied is not None and applied >= p.plan.records
-            for applied, p in zip(last.applied, pipelines, strict=True)
-        )
-        if done and not injector.busy:
+        if all_applied(sampler, pipelines) and not injector.busy:
             return stopped
         time.sleep(0.2)
     stopped.append("the soak did not end within twice its time")
     return stopped
+
+
+def all_applied(sampler: Sampler, pipelines: Sequence[Any]) -> bool:
+    """Whether the last sample has every run's records all applied."""
+    last = sampler.samples[-1] if sampler.samples else None
+    return last is not None and all(
+        applied is not None and applied >= p.plan.records
+        for applied, p in zip(last.applied, pipelines, strict=True)
+    )
 
 
 def finish(pipeline: Any) -> dict[str, Any]:

@@ -165,6 +165,28 @@ def test_a_lost_executor_is_restarted_once_its_replacement_has_finished_a_task(
     assert "replacement" not in struck.details
 
 
+def test_a_replacement_that_registered_as_the_streams_ended_is_restarted_without_a_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Executor 3 replaces 2 and registers, and then the runs apply their last records before
+    any task of it finishes: no batch is left for it, so the fault is restarted then (not left
+    waiting for a task that cannot come), with a note that it served none."""
+    from pipeline.services import spark_standalone
+
+    applied = iter([False, False, True])
+    monkeypatch.setattr(spark_standalone, "executor_pids", lambda _settings, _runs: [1, 3])
+    monkeypatch.setattr(chaos, "executor_says", lambda pid, line: line == chaos.REGISTERED)
+    monkeypatch.setattr(chaos.time, "sleep", lambda _seconds: None)
+    injector = chaos.Injector(
+        settings=None, pipelines=[], origin=0.0, applied=lambda: next(applied)
+    )
+    struck = chaos.Struck(chaos.Fault(1.0, "executor", 0))
+    injector._until_replaced(struck, {"r": {1, 2}})
+    assert struck.restarted_s is not None
+    assert struck.details["served"] == "no task: the streams ended first"
+    assert "replacement" not in struck.details
+
+
 def test_faults_that_overlap_are_back_from_the_last_restart_of_their_episode() -> None:
     """An aggregator killed with an executor of the other run: the lag cannot be back while
     the executor's replacement is still cold, so both count from its restart, against the
