@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import NamedTuple
@@ -59,14 +59,17 @@ class Groups:
         return np.repeat(np.arange(len(self), dtype=np.int64), sizes)
 
 
-def group_rows(keys: KeyBatch, window_starts: np.ndarray) -> Groups:
+def group_rows(
+    keys: KeyBatch, window_starts: np.ndarray, key_ids: np.ndarray | None = None
+) -> Groups:
     """Group rows by (window, key) as :func:`operators.windows.count_per_window_key` does (one
-    sort on fingerprints), on the key bytes themselves after a fingerprint collision."""
+    sort on fingerprints), on the key bytes themselves after a fingerprint collision
+    (``key_ids``: the fingerprints, tests pass colliding ones)."""
     windows = np.asarray(window_starts, dtype=np.int64)
     if len(keys) == 0:
         empty = np.zeros(0, dtype=np.int64)
         return Groups(empty, empty.copy(), empty.copy(), KeyBatch.from_bytes([]))
-    grouped = sorted_groups(keys, windows)
+    grouped = sorted_groups(keys, windows, key_ids)
     if grouped is None:
         key_list = keys.to_list()
         rows = sorted(range(len(key_list)), key=lambda row: (int(windows[row]), key_list[row]))
@@ -130,6 +133,64 @@ def scalar_partials(
         np.add.reduceat(np.where(ok, v, 0), groups.starts),
         np.minimum.reduceat(np.where(ok, v, INT64.max), groups.starts),
         np.maximum.reduceat(np.where(ok, v, INT64.min), groups.starts),
+    )
+
+
+#: How each part of a :class:`ScalarState` merges: two partial states of one key add their
+#: counts and sums and keep the least and the greatest of their extremes.
+PART_MERGES = {"count": "add", "sum": "add", "min": "min", "max": "max"}
+
+
+class StateField(NamedTuple):
+    """One part of a column's :class:`ScalarState` that a run keeps per (window, key): ``part``
+    one of :data:`PART_MERGES`, of column ``column`` (None: ``--sum``'s amount), published as
+    ``name``. A part with no value yet (``sum``, ``min``, ``max`` of no non-null value) is
+    absent, as SQL's NULL."""
+
+    name: str
+    part: str
+    column: str | None
+
+    @property
+    def merge(self) -> str:
+        return PART_MERGES[self.part]
+
+
+def field_values(field: StateField, partials: ScalarPartials) -> tuple[np.ndarray, np.ndarray]:
+    """``field``'s value per group of ``partials``, and where it has one (a count always)."""
+    if field.part == "count":
+        return partials.count, np.ones(partials.count.shape[0], dtype=bool)
+    array = {"sum": partials.total, "min": partials.low, "max": partials.high}[field.part]
+    return array, partials.count > 0
+
+
+def merge_maps(merge: str, partials: Sequence[Mapping[bytes, int]]) -> dict[bytes, int]:
+    """Per key, its values in ``partials`` merged by ``merge`` (:data:`PART_MERGES`'s values).
+
+    >>> merge_maps("min", [{b"a": 5, b"b": 1}, {b"a": -2}])
+    {b'a': -2, b'b': 1}
+    """
+    merged: dict[bytes, int] = {}
+    for partial in partials:
+        for key, value in partial.items():
+            old = merged.get(key)
+            if old is None:
+                merged[key] = value
+            elif merge == "add":
+                merged[key] = old + value
+            else:
+                merged[key] = min(old, value) if merge == "min" else max(old, value)
+    return merged
+
+
+def column_state(
+    fields: Sequence[StateField], merged: Sequence[Mapping[bytes, int]], column: str, key: bytes
+) -> ScalarState:
+    """``key``'s :class:`ScalarState` of ``column`` from the merged maps of ``fields`` (a part
+    not kept reads as none)."""
+    parts = {f.part: m.get(key) for f, m in zip(fields, merged, strict=True) if f.column == column}
+    return ScalarState(
+        parts.get("count") or 0, parts.get("sum") or 0, parts.get("min"), parts.get("max")
     )
 
 

@@ -45,8 +45,6 @@ class WindowCounts:
     windows: np.ndarray  # int64 window starts, one per pair
     keys: KeyBatch  # the key of each pair
     counts: np.ndarray  # int64 records per pair
-    #: int64 sum of the records' amounts per pair, when amounts were given.
-    sums: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.windows.shape[0]
@@ -60,10 +58,9 @@ def count_per_window_key(
     keys: KeyBatch,
     window_starts: np.ndarray,
     key_ids: np.ndarray | None = None,
-    amounts: np.ndarray | None = None,
 ) -> WindowCounts:
-    """Count records per (window, key), and sum their int64 ``amounts`` if given, vectorized
-    over the whole batch.
+    """Count records per (window, key), vectorized over the whole batch (the partial states of
+    a query's other aggregates: :mod:`operators.aggregates`).
 
     Records are grouped by (window, 64-bit key fingerprint) with one sort; each group is then
     checked byte for byte against its first record, so a fingerprint collision cannot merge two
@@ -74,22 +71,16 @@ def count_per_window_key(
     windows = np.asarray(window_starts, dtype=np.int64)
     if windows.shape != (n,):
         raise ValueError(f"need one window start per key: {windows.shape} vs {n} keys")
-    if amounts is not None:
-        amounts = np.asarray(amounts, dtype=np.int64)
-        if amounts.shape != (n,):
-            raise ValueError(f"need one amount per key: {amounts.shape} vs {n} keys")
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
-        sums = None if amounts is None else empty.copy()
-        return WindowCounts(empty, KeyBatch.from_bytes([]), empty.copy(), sums)
+        return WindowCounts(empty, KeyBatch.from_bytes([]), empty.copy())
     grouped = sorted_groups(keys, windows, key_ids)
     if grouped is None:
-        return _count_by_bytes(keys, windows, amounts)
+        return _count_by_bytes(keys, windows)
     order, group_starts = grouped
     first_of_group = order[group_starts]
     counts = np.diff(np.append(group_starts, n)).astype(np.int64)
-    sums = None if amounts is None else np.add.reduceat(amounts[order], group_starts)
-    return WindowCounts(windows[first_of_group], keys.take(first_of_group), counts, sums)
+    return WindowCounts(windows[first_of_group], keys.take(first_of_group), counts)
 
 
 def sorted_groups(
@@ -119,22 +110,14 @@ def _same_keys(left: KeyBatch, right: KeyBatch) -> bool:
     return np.array_equal(left.offsets, right.offsets) and np.array_equal(left.data, right.data)
 
 
-def _count_by_bytes(
-    keys: KeyBatch, windows: np.ndarray, amounts: np.ndarray | None
-) -> WindowCounts:
+def _count_by_bytes(keys: KeyBatch, windows: np.ndarray) -> WindowCounts:
     """The exact fallback after a fingerprint collision: group on the bytes themselves."""
-    rows = list(zip(windows.tolist(), keys.to_list(), strict=True))
-    counted = Counter(rows)
-    summed: Counter[tuple[int, bytes]] = Counter()
-    if amounts is not None:
-        for row, amount in zip(rows, amounts.tolist(), strict=True):
-            summed[row] += amount
+    counted = Counter(zip(windows.tolist(), keys.to_list(), strict=True))
     pairs = sorted(counted)
     return WindowCounts(
         np.array([window for window, _ in pairs], dtype=np.int64),
         KeyBatch.from_bytes([key for _, key in pairs]),
         np.array([counted[pair] for pair in pairs], dtype=np.int64),
-        None if amounts is None else np.array([summed[p] for p in pairs], dtype=np.int64),
     )
 
 

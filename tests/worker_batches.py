@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from operators.aggregates import StateField
 from operators.keys import KeyBatch
 from pipeline.io.state_store import WorkerBatch
+
+#: The one state field of a run with ``--sum``.
+SUMS = StateField("sums", "sum", None)
 
 
 def batch(
@@ -18,11 +22,11 @@ def batch(
     marks: Mapping[int, int] | None = None,
     latency: Mapping[int, int] | None = None,
     switches: Mapping[int, int] | None = None,
-    sums: Mapping[tuple[int, bytes], int] | None = None,
+    fields: Sequence[tuple[StateField, Mapping[tuple[int, bytes], int]]] = (),
 ) -> WorkerBatch:
     """Batch ``batch_id`` of ``worker``: ``counts`` per (window, key), each source's highest
-    watermark (``marks``) and table switch (``switches``), a latency histogram, and for a run
-    with ``--sum`` the sum per (window, key) of ``counts`` (``sums``, millionths)."""
+    watermark (``marks``) and table switch (``switches``), a latency histogram, and each state
+    field's value per (window, key) of ``counts`` (``fields``; a pair it lacks has none)."""
     pairs = sorted(counts)
     return WorkerBatch(
         worker=worker,
@@ -34,5 +38,9 @@ def batch(
         records=sum(counts.values()),
         latency=dict(latency or {}),
         source_versions=dict(switches or {}),
-        sums=None if sums is None else np.array([sums[p] for p in pairs], dtype=np.int64),
+        fields=tuple(declared for declared, _ in fields),
+        values=tuple(
+            np.array([values.get(p, 0) for p in pairs], dtype=np.int64) for _, values in fields
+        ),
+        present=tuple(np.array([p in values for p in pairs], dtype=bool) for _, values in fields),
     )

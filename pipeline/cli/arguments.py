@@ -355,9 +355,10 @@ def user_topic_from_args(
     topic, key, time, amount = args.input_topic, args.key, args.time, args.sum
     if job is not None:
         topic = None if job.table == OWN_STREAM else job.table
+        # A query's aggregates are read as its state fields (the extractor's aggregated
+        # columns), NULLs skipped: no --sum amount, which a record must have.
         key, time = job.route_on.spec.text, job.time.text if job.time is not None else time
-        summed = [job.column(a.column).spec.text for a in job.aggregates if a.column]
-        amount = summed[0] if summed else None
+        amount = None
     if not topic:
         if amount:
             raise UsageError(

@@ -166,11 +166,14 @@ class Extractor:
     columns: tuple[Column, ...] = ()
     #: A query's grouping columns after the first (``key``): the key is then all of them.
     key_columns: tuple[Column, ...] = ()
+    #: The columns a query's aggregates read: only a worker reads them
+    #: (:meth:`aggregated_values`), from the values it is handed.
+    aggregated: tuple[Column, ...] = ()
 
     def __post_init__(self) -> None:
         check_together(self.key, self.time, self.amount)
         fmt = self.value_format
-        for column in (*self.columns, *self.key_columns):
+        for column in (*self.columns, *self.key_columns, *self.aggregated):
             source = column.spec.source
             if source in ("json", "csv") and fmt not in (None, source):
                 raise ExtractorSpecError(
@@ -372,6 +375,25 @@ class Extractor:
             return keys, ~valid | (np.diff(keys.offsets) == 0)
         keys = _texts(data, fields[spec])[0]
         return keys, np.diff(keys.offsets) == 0
+
+    def aggregated_values(self, values: Values) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Each aggregated column's int64 values (a number's millionths; 0 for a text, whose
+        aggregates only count it) and the mask of the records that have one, not NULL (as
+        :meth:`read_columns` reads NULL): what a worker reads from the values it is handed."""
+        fmt = next(c.spec.source for c in self.aggregated)
+        column, valid = binary_column(values)
+        scan = json_scan.scan if fmt == "json" else csv_scan.scan
+        fields, decoded = scan(column, valid, list(dict.fromkeys(c.spec for c in self.aggregated)))
+        out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for aggregated in self.aggregated:
+            if aggregated.kind == NUMBER:
+                micros, ok = field_amounts(column.data, fields[aggregated.spec])
+            else:
+                ok = _texts(column.data, fields[aggregated.spec])[1]
+                micros = np.zeros(ok.shape[0], dtype=np.int64)
+            ok = ok & decoded
+            out[aggregated.name] = np.where(ok, micros, 0), ok
+        return out
 
     def amounts(self, values: Values) -> tuple[np.ndarray, np.ndarray]:
         """Only the amounts (int64 millionths; 0 where missing) and a mask of the records that

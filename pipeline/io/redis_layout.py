@@ -12,6 +12,9 @@ grouping stage's counters) and :mod:`pipeline.io.control_store` (the control pla
 key holds: docs/design.md#redis-layout; the scripts: docs/design.md#applying-a-micro-batch,
 #closing-a-window and #migration-protocol.
 
+Long because the scripts are whole here: one place to read every atomic step, and to check
+that no other module spells a key.
+
 Example:
     >>> keys = RunKeys("demo")
     >>> keys.state(3, 20_000), keys.wm(3), keys.windows_final
@@ -75,20 +78,22 @@ class RunKeys:
         """Hash key -> partial count of ``worker`` for ``window``."""
         return f"{self.prefix}state:{worker}:{window}"
 
-    def sums(self, worker: int, window: int) -> str:
-        """Hash key -> partial sum of amounts (``state``'s twin, runs with ``--sum``)."""
-        return f"{self.prefix}sum:{worker}:{window}"
-
     def held(self, worker: int, window: int) -> str:
         """Hash key -> count of records of a migrating key held back at its new worker."""
         return f"{self.prefix}held:{worker}:{window}"
 
-    def held_sums(self, worker: int, window: int) -> str:
-        return f"{self.prefix}heldsum:{worker}:{window}"
+    def field(self, index: int, worker: int, window: int) -> str:
+        """Hash key -> partial value of the run's state field ``index`` (its declaration:
+        :attr:`config`'s ``fields``), ``state``'s twin."""
+        return f"{self.prefix}field:{index}:{worker}:{window}"
+
+    def held_field(self, index: int, worker: int, window: int) -> str:
+        """``held``'s twin for state field ``index``."""
+        return f"{self.prefix}heldfield:{index}:{worker}:{window}"
 
     def state_family(self, kind: str) -> str:
-        """SCAN pattern of every ``state``, ``held``, ``sum`` or ``heldsum`` key."""
-        if kind not in ("state", "held", "sum", "heldsum"):
+        """SCAN pattern of every ``state``, ``held``, ``field`` or ``heldfield`` key."""
+        if kind not in ("state", "held", "field", "heldfield"):
             raise ValueError(f"no partial-state family {kind!r}")
         return f"{self.prefix}{kind}:*"
 
@@ -117,8 +122,9 @@ class RunKeys:
         """Hash key -> final count of ``window`` (``"*"``: a SCAN pattern)."""
         return f"{self.prefix}result:{window}"
 
-    def result_sums(self, window: int | str) -> str:
-        return f"{self.prefix}resultsum:{window}"
+    def result_field(self, index: int, window: int | str) -> str:
+        """Hash key -> final value of state field ``index`` for ``window``."""
+        return f"{self.prefix}resultfield:{index}:{window}"
 
     def topk(self, window: int | str) -> str:
         return f"{self.prefix}topk:{window}"
@@ -159,7 +165,9 @@ class RunKeys:
 
     @property
     def config(self) -> str:
-        """Hash of the run's settings (window_ms, workers)."""
+        """Hash of the run's settings (window_ms, workers) and ``fields``, the JSON list of the
+        state fields its workers keep (``[[name, part], ...]``), recorded by the first apply
+        that declares them (:data:`APPLY_SCRIPT`)."""
         return f"{self.prefix}config"
 
     @property
@@ -231,8 +239,43 @@ class RunKeys:
 # -- the scripts: ARGV[1] is the run's prefix, and each builds its keys from it exactly as
 # -- RunKeys does above.
 
-#: ARGV: prefix, worker, first, last, S, with sums (0|1), n_pairs, (window, key, count[, sum]) *
-#: n_pairs (the sum only with sums), n_marks,
+#: Lua the scripts that touch state fields start with: the run's declared fields (``config``'s
+#: ``fields``) as their merges, an exact comparison of int64 texts (a Lua number holds 53 bits)
+#: and the merge of one value into a hash field. How each part merges:
+#: :data:`operators.aggregates.PART_MERGES`.
+FIELDS_LUA = """
+local MERGES = {count = 'add', sum = 'add', min = 'min', max = 'max'}
+local function declared_merges(prefix)
+  local merges = {}
+  local raw = redis.call('HGET', prefix .. 'config', 'fields')
+  if raw then
+    for index, field in ipairs(cjson.decode(raw)) do merges[index] = MERGES[field[2]] end
+  end
+  return merges
+end
+local function less(a, b)
+  local negative_a, negative_b = a:sub(1, 1) == '-', b:sub(1, 1) == '-'
+  if negative_a ~= negative_b then return negative_a end
+  if #a ~= #b then return (#a < #b) ~= negative_a end
+  return a ~= b and ((a < b) ~= negative_a)
+end
+local function merge_into(hash, key, value, merge)
+  if merge == 'add' then
+    redis.call('HINCRBY', hash, key, value)
+    return
+  end
+  local old = redis.call('HGET', hash, key)
+  if not old then
+    redis.call('HSET', hash, key, value)
+    return
+  end
+  local wins = (merge == 'min' and less(value, old)) or (merge == 'max' and less(old, value))
+  if wins then redis.call('HSET', hash, key, value) end
+end
+"""
+
+#: ARGV: prefix, worker, first, last, S, declared fields (JSON ``[[name, part], ...]``, '' for
+#: none), n_pairs, (window, key, count, value of each field ('' for none)) * n_pairs, n_marks,
 #: (source, watermark) * n_marks, records, rejected, n_buckets, (bucket, count) * n_buckets,
 #: n_switches, (source, table version) * n_switches, busy-until (ms; 0 = none).
 #: Returns 1 when applied, 0 when applied before, -1 when partly applied before.
@@ -247,9 +290,14 @@ class RunKeys:
 #:
 #: A (window, key) whose key is in ``ctl:pending:{worker}`` (it migrates here and its state has
 #: not arrived yet; docs/design.md#migration-protocol) is held back: counted in
-#: ``held:{worker}:{window}`` (its sum in ``heldsum:``) instead of the state, until the
+#: ``held:{worker}:{window}`` (its fields in ``heldfield:``) instead of the state, until the
 #: migration moves the state here and releases it.
-APPLY_SCRIPT = """
+#:
+#: The first apply that declares fields records them in ``config``; an apply that declares
+#: others fails, having written nothing (a worker of another job on this run's keys).
+APPLY_SCRIPT = (
+    FIELDS_LUA
+    + """
 local prefix, worker, first, last = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local applied_key = prefix .. 'applied:' .. worker
 local done = redis.call('GET', applied_key)
@@ -261,8 +309,17 @@ if done and tonumber(done) >= first then
 end
 local n_sources = tonumber(ARGV[5])
 local closed_set = prefix .. 'windows:closed'
-local with_sums = ARGV[6] == '1'
-local width = with_sums and 4 or 3
+local merges = {}
+if ARGV[6] ~= '' then
+  local recorded = redis.call('HGET', prefix .. 'config', 'fields')
+  if not recorded then
+    redis.call('HSET', prefix .. 'config', 'fields', ARGV[6])
+  elseif recorded ~= ARGV[6] then
+    return redis.error_reply('skewer: the run keeps fields ' .. recorded .. ', not ' .. ARGV[6])
+  end
+  merges = declared_merges(prefix)
+end
+local width = 3 + #merges
 local i = 7
 local n_pairs = tonumber(ARGV[i]); i = i + 1
 local late, held = 0, 0
@@ -270,24 +327,29 @@ local closed = {}
 local pending_key = prefix .. 'ctl:pending:' .. worker
 local migrating = redis.call('SCARD', pending_key) > 0
 for _ = 1, n_pairs do
-  local window, key, count, amount = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
+  local window, key, count, values = ARGV[i], ARGV[i + 1], ARGV[i + 2], i + 2
   i = i + width
   if closed[window] == nil then
     closed[window] = redis.call('SISMEMBER', closed_set, window) == 1
     if not closed[window] then redis.call('SADD', prefix .. 'windows:open', window) end
   end
-  local state, sums = 'state:', 'sum:'
+  local state, fields = 'state:', 'field:'
   if closed[window] then
     late = late + tonumber(count)
     state = nil
   elseif migrating and redis.call('SISMEMBER', pending_key, key) == 1 then
-    state, sums = 'held:', 'heldsum:'
+    state, fields = 'held:', 'heldfield:'
     held = held + tonumber(count)
   end
   if state then
     local suffix = worker .. ':' .. window
     redis.call('HINCRBY', prefix .. state .. suffix, key, count)
-    if with_sums then redis.call('HINCRBY', prefix .. sums .. suffix, key, amount) end
+    for f = 1, #merges do
+      local value = ARGV[values + f]
+      if value ~= '' then
+        merge_into(prefix .. fields .. (f - 1) .. ':' .. suffix, key, value, merges[f])
+      end
+    end
   end
 end
 local n_marks = tonumber(ARGV[i]); i = i + 1
@@ -345,11 +407,14 @@ redis.call('HINCRBY', prefix .. 'stats:batches', worker, 1)
 redis.call('SET', applied_key, last)
 return 1
 """
+)
 
 #: ARGV: prefix, window, W, top-k JSON, records, state entries, n_keys, (key, count) * n_keys,
-#: n_sums, (key, sum) * n_sums. Returns 1 when finalized now, 0 when the window was final
-#: already.
-FINALIZE_SCRIPT = """
+#: then for each declared field: n, (key, value) * n. Returns 1 when finalized now, 0 when the
+#: window was final already.
+FINALIZE_SCRIPT = (
+    FIELDS_LUA
+    + """
 local prefix, window = ARGV[1], ARGV[2]
 if redis.call('SISMEMBER', prefix .. 'windows:final', window) == 1 then return 0 end
 -- HSET in chunks: unpack() of the whole ARGV could overflow Lua's C stack.
@@ -362,13 +427,20 @@ local function write(hash, first, n)
   return last + 1
 end
 local n_keys = tonumber(ARGV[7])
+local merges = declared_merges(prefix)
 local after = write(prefix .. 'result:' .. window, 8, n_keys)
-write(prefix .. 'resultsum:' .. window, after + 1, tonumber(ARGV[after]))
+for f = 1, #merges do
+  local hash = prefix .. 'resultfield:' .. (f - 1) .. ':' .. window
+  after = write(hash, after + 1, tonumber(ARGV[after]))
+end
 redis.call('SET', prefix .. 'topk:' .. window, ARGV[4])
 for worker = 0, tonumber(ARGV[3]) - 1 do
   local suffix = worker .. ':' .. window
-  redis.call('DEL', prefix .. 'state:' .. suffix, prefix .. 'held:' .. suffix,
-             prefix .. 'sum:' .. suffix, prefix .. 'heldsum:' .. suffix)
+  redis.call('DEL', prefix .. 'state:' .. suffix, prefix .. 'held:' .. suffix)
+  for f = 1, #merges do
+    redis.call('DEL', prefix .. 'field:' .. (f - 1) .. ':' .. suffix,
+               prefix .. 'heldfield:' .. (f - 1) .. ':' .. suffix)
+  end
 end
 redis.call('SADD', prefix .. 'windows:final', window)
 redis.call('SREM', prefix .. 'windows:open', window)
@@ -379,6 +451,7 @@ redis.call('HINCRBY', totals, 'state_entries', ARGV[6])
 redis.call('HINCRBY', totals, 'distinct_keys', n_keys)
 return 1
 """
+)
 
 #: KEYS[1]: the write's marker; ARGV: (key, field, amount) * n, field '' for a plain counter.
 #: Returns 1 when added now, 0 when the marker was there (added before).
@@ -396,9 +469,11 @@ return 1
 
 #: ARGV: prefix, window, seconds to keep, keys, truth records, result records, mismatches,
 #: mismatch rows kept at most, then JSON mismatch rows. Records a published window's check
-#: against the truth once (0 if it was already) and lets its result, sums, top-k and truth
+#: against the truth once (0 if it was already) and lets its result, fields, top-k and truth
 #: expire: the run's totals keep what verify needs.
-RETIRE_WINDOW_SCRIPT = """
+RETIRE_WINDOW_SCRIPT = (
+    FIELDS_LUA
+    + """
 local prefix, window, keep = ARGV[1], ARGV[2], ARGV[3]
 if redis.call('SADD', prefix .. 'windows:checked', window) == 0 then return 0 end
 local totals = prefix .. 'checked'
@@ -411,15 +486,21 @@ local rows = prefix .. 'checked:mismatches'
 for i = 9, #ARGV do
   if redis.call('LLEN', rows) < tonumber(ARGV[8]) then redis.call('RPUSH', rows, ARGV[i]) end
 end
-for _, family in ipairs({'result:', 'resultsum:', 'topk:', 'truth:'}) do
+for _, family in ipairs({'result:', 'topk:', 'truth:'}) do
   redis.call('EXPIRE', prefix .. family .. window, keep)
+end
+for f = 1, #declared_merges(prefix) do
+  redis.call('EXPIRE', prefix .. 'resultfield:' .. (f - 1) .. ':' .. window, keep)
 end
 return 1
 """
+)
 
 #: ARGV: prefix, old worker a, version, S, END_OF_STREAM. Returns {status, keys, entries,
 #: bytes, released, waiting source}; see :class:`pipeline.io.control_store.MoveResult`.
-MIGRATE_SCRIPT = """
+MIGRATE_SCRIPT = (
+    FIELDS_LUA
+    + """
 local prefix, a, version = ARGV[1], ARGV[2], ARGV[3]
 local n_sources, eos = tonumber(ARGV[4]), ARGV[5]
 local migration = prefix .. 'ctl:migration:' .. version
@@ -439,6 +520,7 @@ for s = 0, n_sources - 1 do
   end
 end
 local windows = redis.call('SDIFF', prefix .. 'windows:open', prefix .. 'windows:closed')
+local merges = declared_merges(prefix)
 if redis.call('HEXISTS', migration, 'state_entries_total') == 0 then
   local total = 0
   for _, window in ipairs(windows) do
@@ -470,15 +552,18 @@ for i = 1, #moves, 2 do
       redis.call('HDEL', held_key, key)
       released = released + tonumber(held)
     end
-    -- A run with --sum keeps the key's sums beside its counts: they travel the same way.
-    local sums_to = prefix .. 'sum:' .. b .. ':' .. window
-    for _, sums_from in ipairs({prefix .. 'sum:' .. a .. ':' .. window,
-                                prefix .. 'heldsum:' .. b .. ':' .. window}) do
-      local total = redis.call('HGET', sums_from, key)
-      if total then
-        redis.call('HINCRBY', sums_to, key, total)
-        redis.call('HDEL', sums_from, key)
-        bytes = bytes + #total
+    -- The key's fields travel beside its count, each merged as it merges.
+    for f = 1, #merges do
+      local family = (f - 1) .. ':'
+      local to_field = prefix .. 'field:' .. family .. b .. ':' .. window
+      for _, from_field in ipairs({prefix .. 'field:' .. family .. a .. ':' .. window,
+                                   prefix .. 'heldfield:' .. family .. b .. ':' .. window}) do
+        local value = redis.call('HGET', from_field, key)
+        if value then
+          merge_into(to_field, key, value, merges[f])
+          redis.call('HDEL', from_field, key)
+          bytes = bytes + #value
+        end
       end
     end
   end
@@ -493,6 +578,7 @@ redis.call('HINCRBY', migration, 'state_bytes_moved', bytes)
 redis.call('HINCRBY', migration, 'released_records', released)
 return {1, keys, entries, bytes, released, -1}
 """
+)
 
 #: ARGV: prefix, version, completed_ms, history length, seconds the migration's record and
 #: done set are kept. Returns 1 when completed now, 0 when not all old workers have moved yet

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from operators.aggregates import StateField, merge_maps
 from operators.keys import KeyBatch
 from operators.windows import merge_partials
 from pipeline.io.redis_client import (
@@ -75,21 +76,24 @@ class WorkerBatch:
     source_versions: Mapping[int, int] = field(default_factory=dict)
     #: When the worker's emulated server is done with this batch (epoch ms; 0: no CPU cost).
     busy_until_ms: float = 0.0
-    #: int64 sum of amounts per (window, key) pair (runs with ``--sum``), else None.
-    sums: np.ndarray | None = None
+    #: The state fields the run keeps besides the count (a query's, ``--sum``'s), and per
+    #: field its int64 value per pair with the mask of the pairs that have one.
+    fields: tuple[StateField, ...] = ()
+    values: tuple[np.ndarray, ...] = ()
+    present: tuple[np.ndarray, ...] = ()
 
     def script_args(self, prefix: str, n_sources: int) -> list[bytes | str | int]:
         """ARGV of the apply script (layout in :data:`APPLY_SCRIPT`)."""
         args: list[bytes | str | int] = [prefix, self.worker, self.batch_id, self.batch_id]
-        args.append(n_sources)
-        args += (0 if self.sums is None else 1, len(self.windows))
+        args += (n_sources, declaration(self.fields), len(self.windows))
+        columns = [
+            [value if has else "" for value, has in zip(v.tolist(), p.tolist(), strict=True)]
+            for v, p in zip(self.values, self.present, strict=True)
+        ]
         pairs = zip(self.windows.tolist(), self.keys.to_list(), self.counts.tolist(), strict=True)
-        if self.sums is None:
-            for window, key, count in pairs:
-                args += (window, key, count)
-        else:
-            for (window, key, count), total in zip(pairs, self.sums.tolist(), strict=True):
-                args += (window, key, count, total)
+        for pair, (window, key, count) in enumerate(pairs):
+            args += (window, key, count)
+            args += [column[pair] for column in columns]
         args.append(len(self.source_watermarks))
         for source in sorted(self.source_watermarks):
             args += (source, int(self.source_watermarks[source]))
@@ -101,6 +105,18 @@ class WorkerBatch:
             args += (source, int(self.source_versions[source]))
         args.append(repr(float(self.busy_until_ms)))
         return args
+
+
+def declaration(fields: Sequence[StateField]) -> str:
+    """How a run's state fields are recorded (``config``'s ``fields``, checked by every apply):
+    the JSON list of their ``[name, part]``, '' for none.
+
+    >>> declaration([StateField("sums", "sum", None)])
+    '[["sums","sum"]]'
+    """
+    if not fields:
+        return ""
+    return json.dumps([[f.name, f.part] for f in fields], separators=(",", ":"))
 
 
 def add_once(
@@ -175,13 +191,22 @@ class Differences:
     count: int = 0
     first: list[tuple[int, bytes, int, int]] = field(default_factory=list)
 
-    def compare(self, window: int, expected: Mapping[bytes, int], got: Mapping[bytes, int]) -> None:
+    def compare(
+        self,
+        window: int,
+        expected: Mapping[bytes, int],
+        got: Mapping[bytes, int],
+        missing: int | None = 0,
+    ) -> None:
+        """Compare one window's values; a key one side lacks reads as ``missing`` there (a
+        count's 0; None for a value SQL leaves NULL)."""
         for key in sorted(expected.keys() | got.keys()):
             self.compared += 1
-            if expected.get(key, 0) != got.get(key, 0):
+            want, have = expected.get(key, missing), got.get(key, missing)
+            if want != have:
                 self.count += 1
                 if len(self.first) < self.keep:
-                    self.first.append((window, key, expected.get(key, 0), got.get(key, 0)))
+                    self.first.append((window, key, want, have))  # type: ignore[arg-type]
 
 
 def mismatch_rows(
@@ -203,10 +228,11 @@ def mismatch_rows(
 
 @dataclass(frozen=True)
 class WindowPartials:
-    """Every worker's partial counts and sums of one window (index = worker)."""
+    """Every worker's partial counts of one window (index = worker), and of each declared
+    state field (``fields[f][worker]``)."""
 
     counts: list[dict[bytes, int]]
-    sums: list[dict[bytes, int]]
+    fields: list[list[dict[bytes, int]]]
 
 
 def _int_map(raw: Mapping[bytes, bytes]) -> dict[bytes, int]:
@@ -301,27 +327,37 @@ class StateStore:
     def open_windows(self) -> list[int]:
         return sorted(int(w) for w in self.client.smembers(self.keys.windows_open))
 
+    def declared_fields(self) -> tuple[StateField, ...]:
+        """The state fields the run's workers declared (none before a first apply declares
+        them; a state field's column is not recorded)."""
+        raw = self.client.hget(self.keys.config, "fields")
+        return () if raw is None else tuple(StateField(n, p, None) for n, p in json.loads(raw))
+
     def close_window(self, window: int, n_workers: int) -> WindowPartials:
         """Freeze a window (later records of it count as late) and read every worker's partial
-        counts and sums, in one MULTI.
+        counts and fields, in one MULTI.
 
         A worker's partial includes what it holds back for keys migrating to it (``held``):
         those records are counted, only not yet merged with the state that is on its way; a
         migration never moves the state of a closed window, so the two are merged here.
         """
+        fields = self.declared_fields()
         pipe = self.client.pipeline(transaction=True)
         pipe.sadd(self.keys.windows_closed, window)
         for worker in range(n_workers):
             pipe.hgetall(self.keys.state(worker, window))
             pipe.hgetall(self.keys.held(worker, window))
-            pipe.hgetall(self.keys.sums(worker, window))
-            pipe.hgetall(self.keys.held_sums(worker, window))
-        replies = [_int_map(reply) for reply in pipe.execute()[1:]]
-        per_worker = [replies[4 * worker : 4 * worker + 4] for worker in range(n_workers)]
-        return WindowPartials(
-            counts=[merge_partials([state, held]) for state, held, _, _ in per_worker],
-            sums=[merge_partials([total, held_total]) for _, _, total, held_total in per_worker],
-        )
+            for index in range(len(fields)):
+                pipe.hgetall(self.keys.field(index, worker, window))
+                pipe.hgetall(self.keys.held_field(index, worker, window))
+        replies = iter(_int_map(reply) for reply in pipe.execute()[1:])
+        counts: list[dict[bytes, int]] = []
+        partials: list[list[dict[bytes, int]]] = [[] for _ in fields]
+        for _worker in range(n_workers):
+            counts.append(merge_partials([next(replies), next(replies)]))
+            for declared, per_worker in zip(fields, partials, strict=True):
+                per_worker.append(merge_maps(declared.merge, [next(replies), next(replies)]))
+        return WindowPartials(counts=counts, fields=partials)
 
     def finalize_window(
         self,
@@ -330,10 +366,10 @@ class StateStore:
         counts: Mapping[bytes, int],
         top: Sequence[tuple[bytes, int]],
         state_entries: int,
-        sums: Mapping[bytes, int] | None = None,
+        fields: Sequence[Mapping[bytes, int]] = (),
     ) -> bool:
-        """Write the result (and sums) and top-k, free the partials, mark final: all or
-        nothing, once."""
+        """Write the result, each declared field's (``fields``, in declaration order) and the
+        top-k, free the partials, mark final: all or nothing, once."""
         args: list[bytes | str | int] = [
             self.keys.prefix,
             window,
@@ -345,9 +381,10 @@ class StateStore:
         ]
         for key, count in counts.items():
             args += (key, count)
-        args.append(len(sums or {}))
-        for key, total in (sums or {}).items():
-            args += (key, total)
+        for values in fields:
+            args.append(len(values))
+            for key, value in values.items():
+                args += (key, value)
         return bool(self._finalize(args=args))
 
     def final_windows(self) -> list[int]:
@@ -373,7 +410,7 @@ class StateStore:
 
     def retire_window(self, window: int, keep_seconds: int, keep_mismatches: int = 20) -> bool:
         """Check published ``window`` against the truth, add the outcome to the run's checked
-        totals, and let its result, sums, top-k and truth expire in ``keep_seconds``: once
+        totals, and let its result, fields, top-k and truth expire in ``keep_seconds``: once
         (False if it was already). A result is final once published, so checking it now is
         checking it at the end."""
         truth, result = self.truth(window), self.result(window)
@@ -406,9 +443,12 @@ class StateStore:
     def result(self, window: int) -> dict[bytes, int]:
         return _int_map(self.client.hgetall(self.keys.result(window)))
 
-    def result_sums(self, window: int) -> dict[bytes, int]:
-        """Final sum per key (int64 millionths; empty for runs without ``--sum``)."""
-        return _int_map(self.client.hgetall(self.keys.result_sums(window)))
+    def result_fields(self, window: int) -> list[dict[bytes, int]]:
+        """Each declared field's final value per key (a key without one has none: NULL)."""
+        pipe = self.client.pipeline(transaction=False)
+        for index in range(len(self.declared_fields())):
+            pipe.hgetall(self.keys.result_field(index, window))
+        return [_int_map(reply) for reply in pipe.execute()]
 
     def topk(self, window: int) -> list[tuple[bytes, int]]:
         raw = self.client.get(self.keys.topk(window))
@@ -444,7 +484,7 @@ class StateStore:
         """Every partial-state or held-back key still in Redis (empty once all windows are
         final)."""
         found = []
-        for kind in ("state", "held", "sum", "heldsum"):
+        for kind in ("state", "held", "field", "heldfield"):
             found += self.client.scan_iter(match=self.keys.state_family(kind), count=1000)
         return sorted(found)
 

@@ -588,7 +588,6 @@ class Pipeline:
 
     def top_rows(self, k: int = 5) -> list[dict[str, Any]]:
         """A query's run: its last final window's ``k`` top keys as the query's rows."""
-        from pipeline.io.extractors import format_amount
         from pipeline.io.query.job import output_row
         from pipeline.io.query.parse import parse_query
         from pipeline.io.state_store import key_text
@@ -597,11 +596,9 @@ class Pipeline:
         if self.plan.query is None or not final:
             return []
         job, window = parse_query(self.plan.query), max(final)
-        sums = self.store.result_sums(window) if self.plan.sum else {}
+        merged = self.store.result_fields(window)
         return [
-            output_row(
-                job, window, key_text(key), count, format_amount(sums[key]) if key in sums else None
-            )
+            output_row(job, window, key_text(key), count, merged)
             for key, count in self.store.topk(window)[:k]
         ]
 

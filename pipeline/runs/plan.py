@@ -130,6 +130,15 @@ class RunPlan:
             query=self.query,
         )
 
+    def _aggregated(self) -> list[str]:
+        """The query's aggregates of a column, as written (``sum(bytes)``)."""
+        from pipeline.io.query.parse import parse_query
+
+        if not self.query:
+            return []
+        job = parse_query(self.query)
+        return [f"{a.function}({a.column})" for a in job.aggregates if a.column is not None]
+
     @property
     def stages(self) -> tuple[str, ...]:
         """The stages this run starts: ``control`` only for a routing-table scheme."""
@@ -197,10 +206,12 @@ class RunPlan:
             raise ValueError(
                 f"--trigger must be one of {', '.join(config.TRIGGERS)}, got {self.trigger!r}"
             )
-        if self.trigger == config.REAL_TIME and self.sum:
-            said = "--query's sum()" if self.query else "--sum"
+        if self.query and self.sum:
+            raise ValueError("--query says the job's aggregates: drop --sum")
+        if self.trigger == config.REAL_TIME and (self.sum or self._aggregated()):
+            said = f"--query's {self._aggregated()[0]}" if self.query else "--sum"
             raise ValueError(
-                f"{said} is for --trigger micro-batch: the real-time writer does not sum"
+                f"{said} is for --trigger micro-batch: the real-time writer keeps counts only"
             )
         if self.jit is not None and self.jit not in JIT_MODES:
             raise ValueError(f"--jit must be one of {', '.join(JIT_MODES)}, got {self.jit!r}")

@@ -4,9 +4,10 @@ Layer: runs.
 
 A run on a user's topic (``--input-topic``) has no ground truth from skewer's producers.
 ``skewer verify --run-id R --recount`` makes one as a Spark user would: one batch query over the
-topic up to the offsets the run's sources committed, extracting key, event time (and amount)
-with the run's own extractor, leaving out the records the run reported late, and counting per
-(window, key) with ``groupBy().count()`` (and ``sum()``). Every count must equal the run's
+topic up to the offsets the run's sources committed, extracting key, event time and the columns
+of the run's state fields with the run's own extractor, leaving out the records the run reported
+late, and counting per (window, key) with ``groupBy().count()`` (and Spark's ``count``, ``sum``,
+``min`` and ``max`` of each column for its fields). Every value must equal the run's
 final result, every recounted window must be final, and the records left out must be exactly
 the run's late records and dead letters. See docs/own-topic.md.
 
@@ -48,8 +49,7 @@ if TYPE_CHECKING:
 MAX_REPORTED = 20
 #: The rows :class:`ExtractWindows` yields to Spark.
 RECOUNT_SCHEMA = (
-    "partition int, offset long, key binary, window long, amount long, valid boolean, "
-    "passed boolean"
+    "partition int, offset long, key binary, window long, valid boolean, passed boolean"
 )
 
 
@@ -72,11 +72,14 @@ class RecountVerification:
     #: The first few ``(window, key, recount, result)`` that differ.
     mismatches: list[tuple[int, bytes, int, int]] = field(default_factory=list)
     mismatch_count: int = 0
-    #: Runs with ``--sum``: (key, window) pairs compared by sum, and the first few that differ
-    #: as ``(window, key, recount, result)`` in millionths.
-    sums_compared: int = 0
-    sum_mismatches: list[tuple[int, bytes, int, int]] = field(default_factory=list)
-    sum_mismatch_count: int = 0
+    #: Runs with state fields (``--sum``, a query's aggregates of columns): (key, window) values
+    #: compared, and the first few that differ as ``(field, window, key, recount, result)``
+    #: (None: NULL).
+    fields_compared: int = 0
+    field_mismatches: list[tuple[str, int, bytes, int | None, int | None]] = field(
+        default_factory=list
+    )
+    field_mismatch_count: int = 0
     #: Runs with a query's WHERE: records it left out in the recount, and in the run.
     filtered: int = 0
     run_filtered: int = 0
@@ -85,7 +88,7 @@ class RecountVerification:
     def exact(self) -> bool:
         return (
             self.mismatch_count == 0
-            and self.sum_mismatch_count == 0
+            and self.field_mismatch_count == 0
             and not self.missing_windows
             and self.late == self.run_late
             and self.invalid == self.run_dead_letters
@@ -108,15 +111,24 @@ class RecountVerification:
             "missing_windows": self.missing_windows,
             "mismatch_count": self.mismatch_count,
             "mismatches": mismatch_rows(self.mismatches, "recount"),
-            "sums_compared": self.sums_compared,
-            "sum_mismatch_count": self.sum_mismatch_count,
-            "sum_mismatches": mismatch_rows(self.sum_mismatches, "recount", format_amount),
+            "fields_compared": self.fields_compared,
+            "field_mismatch_count": self.field_mismatch_count,
+            "field_mismatches": [
+                {
+                    "field": name,
+                    "window": window,
+                    "key": key.decode("utf-8", "replace"),
+                    "recount": _shown(expected),
+                    "result": _shown(got),
+                }
+                for name, window, key, expected, got in self.field_mismatches
+            ],
         }
 
     def lines(self) -> list[str]:
         scope = f"({self.windows} windows, {self.keys} keys)"
         if self.exact:
-            what = "count and sum" if self.sums_compared else "count"
+            what = "count and state field" if self.fields_compared else "count"
             head = f"exact: every (key, window) {what} equals the recount {scope}"
         else:
             head = (
@@ -128,15 +140,15 @@ class RecountVerification:
             f"  window {window} key {key!r}: recount {expected}, result {got}"
             for window, key, expected, got in self.mismatches
         ]
-        if self.sums_compared:
+        if self.fields_compared:
             out.append(
-                f"  sums: {self.sums_compared:,} (key, window) sums compared, "
-                f"{self.sum_mismatch_count} differ"
+                f"  state fields: {self.fields_compared:,} (key, window) values compared, "
+                f"{self.field_mismatch_count} differ"
             )
             out += [
-                f"  window {window} key {key!r}: sum recount {format_amount(expected)}, "
-                f"result {format_amount(got)}"
-                for window, key, expected, got in self.sum_mismatches
+                f"  window {window} key {key!r}: {name} recount {_shown(expected)}, "
+                f"result {_shown(got)}"
+                for name, window, key, expected, got in self.field_mismatches
             ]
         if self.missing_windows:
             out.append(f"  windows not final: {self.missing_windows[:10]}")
@@ -162,6 +174,15 @@ class ExtractWindows:
     window_ms: int
     #: The run's query's WHERE: a row it leaves out is ``passed`` false.
     where: Predicate | None = None
+    #: The columns of the run's state fields (None: ``--sum``'s amount), each yielded as
+    #: :func:`recount_column` names it, NULL where a record has no value.
+    columns: tuple[str | None, ...] = ()
+
+    @property
+    def schema(self) -> str:
+        """The Spark schema of what :meth:`__call__` yields."""
+        extra = "".join(f", {recount_column(i)} long" for i in range(len(self.columns)))
+        return RECOUNT_SCHEMA + extra
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -175,18 +196,42 @@ class ExtractWindows:
             valid = extracted.reasons < 0
             passed = valid if self.where is None else kept(self.where, extracted.columns)
             windows = records.window_start(extracted.event_time_ms, self.window_ms)
+            read: dict[str | None, tuple[np.ndarray, np.ndarray]] = {}
+            if self.extractor.aggregated:
+                read.update(self.extractor.aggregated_values(batch.column("value")))
+            if None in self.columns:
+                read[None] = (extracted.amount_micros, valid)
+            values = [pa.array(read[c][0], pa.int64(), mask=~read[c][1]) for c in self.columns]
             yield pa.RecordBatch.from_arrays(
                 [
                     batch.column("partition"),
                     batch.column("offset"),
                     pa.array(extracted.keys.to_list(), pa.binary()),
                     pa.array(np.where(valid, windows, 0), pa.int64()),
-                    pa.array(extracted.amount_micros, pa.int64()),
                     pa.array(valid),
                     pa.array(passed),
+                    *values,
                 ],
-                names=["partition", "offset", "key", "window", "amount", "valid", "passed"],
+                names=[
+                    "partition",
+                    "offset",
+                    "key",
+                    "window",
+                    "valid",
+                    "passed",
+                    *(recount_column(i) for i in range(len(self.columns))),
+                ],
             )
+
+
+def recount_column(index: int) -> str:
+    """The name of the recount's ``index``-th column of state fields."""
+    return f"column_{index}"
+
+
+def _shown(value: int | None) -> str:
+    """A state field's value in a report: exact decimal text of millionths, or NULL."""
+    return "NULL" if value is None else format_amount(value)
 
 
 def consumed_offsets(bootstrap: str, names: kafka_io.RunNames, topic: str) -> dict[int, int]:
@@ -230,14 +275,20 @@ def recount(
     ends: dict[int, int],
     late: list[tuple[int, int]],
 ) -> Recount:
-    """Counts (and, with the extractor's ``--sum``, sums) per window and key of the run's
-    topic up to ``ends``, without the ``late`` records and those the query's WHERE leaves
-    out."""
+    """Counts, and each state field's value (:attr:`UserTopic.state_fields`), per window and
+    key of the run's topic up to ``ends``, without the ``late`` records and those the query's
+    WHERE leaves out."""
     from pyspark.sql import functions
 
-    topic, extractor = user_topic.topic, user_topic.extractor
+    topic, fields = user_topic.topic, user_topic.state_fields
     if not any(ends.values()):
-        return Recount({}, {}, 0, 0, 0, 0)
+        return Recount({}, [{} for _ in fields], 0, 0, 0, 0)
+    extract = ExtractWindows(
+        user_topic.extractor,
+        user_topic.window_ms,
+        user_topic.where,
+        tuple(dict.fromkeys(f.column for f in fields)),
+    )
     frame = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
@@ -253,9 +304,7 @@ def recount(
             "value",
             functions.expr("unix_millis(timestamp)").alias("timestamp_ms"),
         )
-        .mapInArrow(
-            ExtractWindows(extractor, user_topic.window_ms, user_topic.where), RECOUNT_SCHEMA
-        )
+        .mapInArrow(extract, extract.schema)
         .cache()
     )
     invalid = frame.filter(~functions.col("valid")).count()
@@ -264,20 +313,29 @@ def recount(
     late_frame = spark.createDataFrame(late, "partition int, offset long")
     kept = valid.join(late_frame, ["partition", "offset"], "left_anti")
     left_out = valid.count() - kept.count()
-    counts: dict[int, dict[bytes, int]] = {}
-    sums: dict[int, dict[bytes, int]] = {}
-    total = 0
+    spark_functions = {
+        "count": functions.count,
+        "sum": functions.sum,
+        "min": functions.min,
+        "max": functions.max,
+    }
     aggregates = [functions.count(functions.lit(1)).alias("count")]
-    if extractor.amount is not None:
-        aggregates.append(functions.sum("amount").alias("sum"))
+    aggregates += [
+        spark_functions[f.part](recount_column(extract.columns.index(f.column))).alias(f"field_{i}")
+        for i, f in enumerate(fields)
+    ]
+    counts: dict[int, dict[bytes, int]] = {}
+    values: list[dict[int, dict[bytes, int]]] = [{} for _ in fields]
+    total = 0
     for row in kept.groupBy("window", "key").agg(*aggregates).collect():
         window, key = int(row["window"]), bytes(row["key"])
         counts.setdefault(window, {})[key] = int(row["count"])
-        if extractor.amount is not None:
-            sums.setdefault(window, {})[key] = int(row["sum"])
+        for i, per_window in enumerate(values):
+            if row[f"field_{i}"] is not None:  # SQL's NULL: no value
+                per_window.setdefault(window, {})[key] = int(row[f"field_{i}"])
         total += int(row["count"])
     frame.unpersist()
-    return Recount(counts, sums, total, left_out, invalid, filtered)
+    return Recount(counts, values, total, left_out, invalid, filtered)
 
 
 def verify_recount(
@@ -288,13 +346,14 @@ def verify_recount(
     user_topic: UserTopic,
 ) -> RecountVerification:
     """Recount the run's topic as the run read it and compare with its final results."""
-    extractor = user_topic.extractor
+    fields = user_topic.state_fields
     ends = consumed_offsets(bootstrap, names, user_topic.topic)
     late = reported_late(bootstrap, names)
     recounted = recount(spark, bootstrap, user_topic, ends, late)
     counts = recounted.counts
     final = set(store.final_windows())
-    count_diff, sum_diff = Differences(MAX_REPORTED), Differences(MAX_REPORTED)
+    count_diff = Differences(MAX_REPORTED)
+    field_diffs = [Differences(MAX_REPORTED) for _ in fields]
     result_records = 0
     keys: set[bytes] = set()
     for window in sorted(set(counts) | final):
@@ -303,12 +362,19 @@ def verify_recount(
         result_records += sum(got.values())
         keys.update(expected, got)
         count_diff.compare(window, expected, got)
-        if extractor.amount is not None:
-            got_sums = store.result_sums(window) if window in final else {}
-            sum_diff.compare(window, recounted.sums.get(window, {}), got_sums)
+        got_fields = store.result_fields(window) if window in final else [{} for _ in fields]
+        for diff, per_window, got_field in zip(
+            field_diffs, recounted.fields, got_fields, strict=True
+        ):
+            diff.compare(window, per_window.get(window, {}), got_field, missing=None)
     counters = GroupingStore(store.client, names.run_id)
     run_late = sum(counters.late_per_source().values())
     run_dead = sum(counters.dead_letters_by_reason().values())
+    field_mismatches = [
+        (declared.name, *mismatch)
+        for declared, diff in zip(fields, field_diffs, strict=True)
+        for mismatch in diff.first
+    ]
     return RecountVerification(
         windows=len(set(counts) | final),
         keys=len(keys),
@@ -321,19 +387,20 @@ def verify_recount(
         missing_windows=sorted(set(counts) - final),
         mismatches=count_diff.first,
         mismatch_count=count_diff.count,
-        sums_compared=sum_diff.compared,
-        sum_mismatches=sum_diff.first,
-        sum_mismatch_count=sum_diff.count,
+        fields_compared=sum(diff.compared for diff in field_diffs),
+        field_mismatches=field_mismatches[:MAX_REPORTED],
+        field_mismatch_count=sum(diff.count for diff in field_diffs),
         filtered=recounted.filtered,
         run_filtered=sum(counters.filtered_per_source().values()),
     )
 
 
 class Recount(NamedTuple):
-    """What :func:`recount` found: per window, key -> count (and sum in millionths)."""
+    """What :func:`recount` found: per window, key -> count, and for each state field per
+    window, key -> its value (absent: NULL)."""
 
     counts: dict[int, dict[bytes, int]]
-    sums: dict[int, dict[bytes, int]]
+    fields: list[dict[int, dict[bytes, int]]]
     records: int
     #: Late records left out, records the extractor refused, and those the WHERE left out.
     late: int

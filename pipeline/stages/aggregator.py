@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from operators.aggregates import StateField, merge_maps
 from operators.windows import closable_windows, merge_partials, state_entries, top_k
 from pipeline.io.extractors import format_amount
 from pipeline.io.records import END_OF_STREAM
@@ -75,10 +76,12 @@ def result_records(
     counts: Mapping[bytes, int],
     top: Sequence[tuple[bytes, int]],
     keys_per_record: int = KEYS_PER_RECORD,
-    sums: Mapping[bytes, int] | None = None,
+    fields: Sequence[tuple[StateField, Mapping[bytes, int]]] = (),
 ) -> list[tuple[bytes, bytes]]:
     """``(kafka key, JSON value)`` of a window's result, in parts of ``keys_per_record`` keys;
-    ``sums`` (millionths per key) only for a run with ``--sum``."""
+    each of the run's state ``fields`` (with its value per key) as a map of its own, named as
+    the field is (``sums`` for ``--sum``): counts as integers, the rest as exact decimal text,
+    null for a key without a value."""
     ordered = sorted(counts.items())
     parts = max(1, -(-len(ordered) // keys_per_record))
     header: dict[str, Any] = {
@@ -93,8 +96,11 @@ def result_records(
     for part in range(parts):
         chunk = ordered[part * keys_per_record : (part + 1) * keys_per_record]
         value = {**header, "counts": {key_text(key): count for key, count in chunk}}
-        if sums:
-            value["sums"] = {key_text(key): format_amount(sums.get(key, 0)) for key, _ in chunk}
+        for declared, values in fields:
+            shown = int if declared.part == "count" else format_amount
+            value[declared.name] = {
+                key_text(key): shown(values[key]) if key in values else None for key, _ in chunk
+            }
         value.update(part=part, parts=parts)
         out.append((str(window).encode(), json.dumps(value).encode()))
     return out
@@ -141,13 +147,17 @@ class Aggregator:
             self.options.window_ms,
             self.options.lateness_ms,
         )
+        declared_fields = self.store.declared_fields()
         for window in closable.tolist():
             partials = self.store.close_window(window, workers)
             merged = merge_partials(partials.counts)
-            sums = merge_partials(partials.sums)
+            fields = [
+                merge_maps(declared.merge, per_worker)
+                for declared, per_worker in zip(declared_fields, partials.fields, strict=True)
+            ]
             top = top_k(merged, self.options.top_k)
             entries = state_entries(partials.counts)
-            if self.store.finalize_window(window, workers, merged, top, entries, sums):
+            if self.store.finalize_window(window, workers, merged, top, entries, fields):
                 summary.finalized.append(window)
         for window in self.store.unpublished_windows():
             records = result_records(
@@ -156,7 +166,7 @@ class Aggregator:
                 self.options.window_ms,
                 self.store.result(window),
                 self.store.topk(window),
-                sums=self.store.result_sums(window),
+                fields=list(zip(declared_fields, self.store.result_fields(window), strict=True)),
             )
             self.publish(records)
             self.store.mark_published(window)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from operators.aggregates import StateField
 from pipeline.io import extractors
 from pipeline.io.extractors import Extractor
 from pipeline.io.grouping_store import GroupingStore
@@ -71,6 +72,16 @@ class UserTopic:
     def where(self) -> Predicate | None:
         """The query's ``WHERE``, None without one."""
         return None if not self.query else parse_query(self.query).where
+
+    @functools.cached_property
+    def state_fields(self) -> tuple[StateField, ...]:
+        """What the workers keep per (window, key) besides the count: the query's state fields
+        (:attr:`pipeline.io.query.job.Job.state_fields`), or ``--sum``'s one sum, ``sums``."""
+        if self.query:
+            return parse_query(self.query).state_fields
+        if self.extractor.amount is not None:
+            return (StateField("sums", "sum", None),)
+        return ()
 
     def validate(self) -> None:
         """ValueError with one line for the user unless every setting makes sense."""
@@ -140,22 +151,26 @@ def restore(text: str | bytes) -> tuple[UserTopic, str]:
 
 def topic_extractor(key: str, time: str, amount: str | None, query: str | None) -> Extractor:
     """The extractor of a run on a user's topic: the key, time and amount specs, the columns
-    ``query``'s WHERE reads and its grouping columns after the first (ValueError with one line
-    for a bad spec or query)."""
+    ``query``'s WHERE reads, its grouping columns after the first and the columns its
+    aggregates read (ValueError with one line for a bad spec or query)."""
     columns: tuple[Column, ...] = ()
     key_columns: tuple[Column, ...] = ()
+    aggregated: tuple[Column, ...] = ()
     if query:
         job = parse_query(query)
         key_columns = tuple(job.column(name) for name in job.group_by[1:])
         if job.where is not None:
             read = columns_read(job.where)
             columns = tuple(c for c in job.columns if c.name in read)
+        named = dict.fromkeys(f.column for f in job.state_fields)
+        aggregated = tuple(job.column(name) for name in named if name is not None)
     return Extractor(
         key=extractors.parse_key(key),
         time=extractors.parse_time(time),
         amount=extractors.parse_amount(amount) if amount else None,
         columns=columns,
         key_columns=key_columns,
+        aggregated=aggregated,
     )
 
 

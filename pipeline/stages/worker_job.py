@@ -44,7 +44,7 @@ from pipeline.stages.worker_task import (
     TaskSummary,
     WorkerConfigError,
     WorkerJobError,
-    run_amounts,
+    run_fields,
 )
 
 if TYPE_CHECKING:
@@ -242,7 +242,7 @@ def prepare(options: WorkOptions, store: StateStore) -> None:
             f"run {options.run_id!r} uses {name}={recorded}, not {given} (use another --run-id)"
         )
     if options.trigger == REAL_TIME:
-        refuse_sums_in_real_time(store)
+        refuse_fields_in_real_time(store)
     # Real-time applies are guarded by Kafka offsets, not batch ids: a new checkpoint starts
     # at the earliest offsets and the writers skip what Redis applied (a real-time batch logs
     # its offsets only when it ends, so a driver killed in its first batch leaves none).
@@ -254,14 +254,16 @@ def prepare(options: WorkOptions, store: StateStore) -> None:
         )
 
 
-def refuse_sums_in_real_time(store: StateStore) -> None:
-    """:class:`WorkerConfigError` if the run's grouping stage reads a user's topic with
-    ``--sum``: the real-time writer runs in the JVM, and the extractors that read amounts from
-    users' values are skewer's compiled Python ones (docs/design.md#real-time-mode)."""
-    if run_amounts(store) is not None:
+def refuse_fields_in_real_time(store: StateStore) -> None:
+    """:class:`WorkerConfigError` if the run keeps state fields besides its counts (``--sum``,
+    a query's aggregates of columns): the real-time writer runs in the JVM, and the extractors
+    that read columns from users' values are skewer's compiled Python ones
+    (docs/design.md#real-time-mode)."""
+    fields = run_fields(store).fields
+    if fields:
         raise WorkerConfigError(
-            "--trigger real-time does not sum amounts (--sum): the writer in Spark's JVM does not "
-            "read users' values; run this run's workers with --trigger micro-batch"
+            f"--trigger real-time keeps counts only, not {fields[0].name}: the writer in Spark's "
+            "JVM does not read users' values; run this run's workers with --trigger micro-batch"
         )
 
 
@@ -445,7 +447,7 @@ def run(
             if on_progress is not None:
                 reported = report_progress(query, reported, on_progress)
             if options.trigger == REAL_TIME:  # a grouping stage that started after this one
-                refuse_sums_in_real_time(store)
+                refuse_fields_in_real_time(store)
             if options.until_end and all(
                 mark == records.END_OF_STREAM for mark in store.worker_watermarks(options.workers)
             ):

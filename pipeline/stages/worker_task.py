@@ -34,11 +34,12 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from operators.aggregates import StateField, field_values, group_rows, scalar_partials
 from operators.keys import KeyBatch
 from operators.metrics import latency_buckets
 from operators.windows import count_per_window_key
 from pipeline.io import records
-from pipeline.io.extractors import Extractor
+from pipeline.io.extractors import Extractor, Values
 from pipeline.io.state_store import StateStore, WorkerBatch
 from pipeline.stages import user_topic
 
@@ -63,23 +64,46 @@ class DecodedPartition:
     #: bool: valid TABLE_SWITCH markers (routing-table schemes;
     #: :mod:`pipeline.stages.control_plane`)
     switches: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
-    #: int64 amount of every row in millionths (runs with ``--sum``; 0 where none), else None.
-    amount_micros: np.ndarray | None = None
+    #: Per column the run's state fields read (None: ``--sum``'s amount), every row's int64
+    #: value and whether it has one (:meth:`RunFields.read`).
+    columns: dict[str | None, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     @property
     def data_records(self) -> int:
         return int(self.data.sum())
 
 
+@dataclass(frozen=True)
+class RunFields:
+    """The state fields a run's workers keep besides the count (:attr:`pipeline.io.query.job.
+    Job.state_fields`, or ``--sum``'s one), and the extractor that reads their columns."""
+
+    fields: tuple[StateField, ...] = ()
+    extractor: Extractor | None = None
+
+    def read(self, payloads: Values) -> dict[str | None, tuple[np.ndarray, np.ndarray]]:
+        """Every column the fields read, from the users' values: each row's int64 value and
+        whether it has one."""
+        if not self.fields or self.extractor is None:
+            return {}
+        columns: dict[str | None, tuple[np.ndarray, np.ndarray]] = {}
+        if self.extractor.amount is not None:
+            columns[None] = self.extractor.amounts(payloads)
+        if self.extractor.aggregated:
+            columns.update(self.extractor.aggregated_values(payloads))
+        return columns
+
+
 def decode_partition(
     keys: pa.Array | Sequence[bytes | None],
     values: pa.Array | Sequence[bytes | None],
-    amounts: Extractor | None = None,
+    fields: RunFields = RunFields(),
 ) -> DecodedPartition:
-    """Decode a task's columns at once and sort the rows into DATA, markers and rejects; with
-    ``amounts`` (a run's ``--sum`` extractor) read each DATA record's amount from the user's
-    value after its header, and reject a DATA record without one (the grouping stage
-    dead-letters those, so only a foreign writer of ``work`` makes any)."""
+    """Decode a task's columns at once and sort the rows into DATA, markers and rejects, and
+    read the columns of the run's state ``fields`` from each DATA record's value after its
+    header. A DATA record without ``--sum``'s amount is rejected (the grouping stage
+    dead-letters those, so only a foreign writer of ``work`` makes any); a query's column
+    without a value is NULL, which its aggregates skip."""
     key_column, has_key = records.binary_column(keys)
     decoded, ok = records.decode_work(values)
     kind = decoded["kind"]
@@ -88,12 +112,12 @@ def decode_partition(
     markers = ok & (kind == records.Kind.WATERMARK)
     switches = ok & (kind == records.Kind.TABLE_SWITCH)
     rejected = int((~ok).sum() + (is_data & ~has_key).sum())
-    micros = None
-    if amounts is not None:
-        micros, has_amount = amounts.amounts(records.work_payloads(values))
+    columns = fields.read(records.work_payloads(values)) if fields.fields else {}
+    if None in columns:
+        has_amount = columns[None][1]
         rejected += int((data & ~has_amount).sum())
         data &= has_amount
-    return DecodedPartition(key_column, decoded, data, markers, rejected, switches, micros)
+    return DecodedPartition(key_column, decoded, data, markers, rejected, switches, columns)
 
 
 def to_worker_batch(
@@ -105,15 +129,26 @@ def to_worker_batch(
     now_ms: float,
     window_ms: int,
     n_sources: int,
+    fields: RunFields = RunFields(),
 ) -> WorkerBatch:
-    """What the worker applies for this batch: counts, watermarks, counters, latencies."""
+    """What the worker applies for this batch: counts (and the run's state ``fields``, from
+    the columns :func:`decode_partition` read), watermarks, counters, latencies."""
     data = decoded.data
     key_batch = decoded.keys.take(np.flatnonzero(data))
     event_times = decoded.records["event_time_ms"]
-    amounts = None if decoded.amount_micros is None else decoded.amount_micros[data]
-    counted = count_per_window_key(
-        key_batch, records.window_start(event_times[data], window_ms), amounts=amounts
-    )
+    window_starts = records.window_start(event_times[data], window_ms)
+    if fields.fields:
+        groups = group_rows(key_batch, window_starts)
+        sizes = np.diff(np.append(groups.starts, groups.order.shape[0]))
+        windows, keys, counts = groups.windows, groups.keys, sizes.astype(np.int64)
+        partials = {
+            column: scalar_partials(groups, values[data], present[data])
+            for column, (values, present) in decoded.columns.items()
+        }
+        kept = [field_values(f, partials[f.column]) for f in fields.fields]
+    else:
+        counted = count_per_window_key(key_batch, window_starts)
+        windows, keys, counts, kept = counted.windows, counted.keys, counted.counts, []
 
     sources = decoded.records["source"][decoded.markers].astype(np.int64)
     if sources.size and int(sources.max()) >= n_sources:
@@ -136,33 +171,36 @@ def to_worker_batch(
     return WorkerBatch(
         worker=worker,
         batch_id=batch_id,
-        windows=counted.windows,
-        keys=counted.keys,
-        counts=counted.counts,
+        windows=windows,
+        keys=keys,
+        counts=counts,
         source_watermarks=source_watermarks,
         records=int(data.sum()),
         rejected=decoded.rejected,
         latency=dict(zip(buckets.tolist(), bucket_counts.tolist(), strict=True)),
         source_versions=source_versions,
-        sums=counted.sums,
+        fields=fields.fields,
+        values=tuple(values for values, _ in kept),
+        present=tuple(present for _, present in kept),
     )
 
 
-def run_amounts(store: StateStore) -> Extractor | None:
-    """The extractor of the amounts to sum, if the run's grouping stage reads a user's topic
-    with ``--sum`` (it records how it reads the topic before it routes anything, so a batch
-    with records of such a run always finds it, and what it finds then is final)."""
+def run_fields(store: StateStore) -> RunFields:
+    """The state fields of the run, if its grouping stage reads a user's topic with a query
+    that aggregates columns or with ``--sum`` (it records how it reads the topic before it
+    routes anything, so a batch with records of such a run always finds it, and what it finds
+    then is final)."""
     found = user_topic.recorded(store.client, store.keys.run_id)
-    if found is None or found[0].extractor.amount is None:
-        return None
-    return found[0].extractor
+    if found is None or not found[0].state_fields:
+        return RunFields()
+    return RunFields(found[0].state_fields, found[0].extractor)
 
 
 #: StateStore per (Redis URL, run id) in each Python worker process (Spark reuses them).
 _STORES: dict[tuple[str, str], StateStore] = {}
-#: :func:`run_amounts` per (Redis URL, run id) in each Python worker process, once a task with
+#: :func:`run_fields` per (Redis URL, run id) in each Python worker process, once a task with
 #: records has asked (then it is final).
-_AMOUNTS: dict[tuple[str, str], Extractor | None] = {}
+_FIELDS: dict[tuple[str, str], RunFields] = {}
 
 
 def _store(redis_url: str, run_id: str) -> StateStore:
@@ -172,11 +210,11 @@ def _store(redis_url: str, run_id: str) -> StateStore:
     return store
 
 
-def _amounts(redis_url: str, run_id: str) -> Extractor | None:
+def _fields(redis_url: str, run_id: str) -> RunFields:
     run = (redis_url, run_id)
-    if run not in _AMOUNTS:
-        _AMOUNTS[run] = run_amounts(_store(redis_url, run_id))
-    return _AMOUNTS[run]
+    if run not in _FIELDS:
+        _FIELDS[run] = run_fields(_store(redis_url, run_id))
+    return _FIELDS[run]
 
 
 #: The local property Spark's micro-batch execution sets to the batch id on the jobs it runs
@@ -299,12 +337,12 @@ class PartitionProcessor:
             return
         batch_id = streaming_batch_id()
         store = _store(self.redis_url, self.run_id)
-        amounts = _amounts(self.redis_url, self.run_id)
+        fields = _fields(self.redis_url, self.run_id)
         table = pa.Table.from_batches(arrived)
         shares = [
             (
                 worker,
-                decode_partition(part.column("key"), part.column("value"), amounts),
+                decode_partition(part.column("key"), part.column("value"), fields),
                 part.column("timestamp_ms").to_numpy(),
             )
             for worker, part in self._split_by_worker(table)
@@ -325,6 +363,7 @@ class PartitionProcessor:
                 now_ms=time.time() * 1000.0,
                 window_ms=self.window_ms,
                 n_sources=self.n_sources,
+                fields=fields,
             )
             if self.cpu_cost_us > 0:
                 batch = replace(batch, busy_until_ms=finishes[worker])

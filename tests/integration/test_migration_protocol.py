@@ -13,9 +13,10 @@ from collections.abc import Mapping
 
 import numpy as np
 import pytest
-from worker_batches import batch
+from worker_batches import SUMS, batch
 
 from operators import registry
+from operators.aggregates import StateField
 from operators.base import RoutingTable
 from operators.keys import KeyBatch
 from pipeline.io.control_store import (
@@ -126,29 +127,51 @@ def test_a_moved_key_is_held_until_its_old_worker_drains_then_moved_once(store, 
 def test_a_moved_key_takes_its_sums_along_and_releases_its_held_sums(store, plane) -> None:
     """A run with --sum: sums are held, moved and released exactly like the counts."""
     counts = {(0, b"k"): 5, (10_000, b"k"): 4}
-    assert store.apply(batch(0, 1, counts, sums={(0, b"k"): 500, (10_000, b"k"): 40}), n_sources=S)
+    assert store.apply(
+        batch(0, 1, counts, fields=[(SUMS, {(0, b"k"): 500, (10_000, b"k"): 40})]), n_sources=S
+    )
     publish_move(plane, b"k", old=0, new=1)
-    held = batch(1, 1, {(0, b"k"): 3}, switches={0: 1}, sums={(0, b"k"): 30})
+    held = batch(1, 1, {(0, b"k"): 3}, switches={0: 1}, fields=[(SUMS, {(0, b"k"): 30})])
     assert store.apply(held, n_sources=S)
-    assert store.client.hgetall(store.keys.held_sums(1, 0)) == {b"k": b"30"}
-    assert store.client.hgetall(store.keys.sums(1, 0)) == {}
+    assert store.client.hgetall(store.keys.held_field(0, 1, 0)) == {b"k": b"30"}
+    assert store.client.hgetall(store.keys.field(0, 1, 0)) == {}
     apply(store, 0, 2, {}, switches={0: 1, 1: 1})
     assert plane.migrate(1, 0, S).status == 1
-    assert store.client.hgetall(store.keys.sums(1, 0)) == {b"k": b"530"}
-    assert store.client.hgetall(store.keys.sums(1, 10_000)) == {b"k": b"40"}
+    assert store.client.hgetall(store.keys.field(0, 1, 0)) == {b"k": b"530"}
+    assert store.client.hgetall(store.keys.field(0, 1, 10_000)) == {b"k": b"40"}
     assert store.partial(1, 0) == {b"k": 8}
-    for key in (store.keys.sums(0, 0), store.keys.sums(0, 10_000), store.keys.held_sums(1, 0)):
+    for key in (
+        store.keys.field(0, 0, 0),
+        store.keys.field(0, 0, 10_000),
+        store.keys.held_field(0, 1, 0),
+    ):
         assert store.client.exists(key) == 0
     partials = store.close_window(0, W)
-    assert partials.sums == [{}, {b"k": 530}, {}] and partials.counts == [{}, {b"k": 8}, {}]
+    assert partials.fields == [[{}, {b"k": 530}, {}]] and partials.counts == [{}, {b"k": 8}, {}]
+
+
+def test_a_moved_keys_least_and_greatest_merge_with_what_its_new_worker_held(store, plane) -> None:
+    """A query's min and max: the moved state and the held values merge as least and
+    greatest, not as sums."""
+    low, high = StateField("min(ms)", "min", "ms"), StateField("max(ms)", "max", "ms")
+    extremes = [(low, {(0, b"k"): -7}), (high, {(0, b"k"): 9})]
+    assert store.apply(batch(0, 1, {(0, b"k"): 2}, fields=extremes), n_sources=S)
+    publish_move(plane, b"k", old=0, new=1)
+    held = [(low, {(0, b"k"): -3}), (high, {(0, b"k"): 2**62})]
+    assert store.apply(batch(1, 1, {(0, b"k"): 1}, switches={0: 1}, fields=held), n_sources=S)
+    apply(store, 0, 2, {}, switches={0: 1, 1: 1})
+    assert plane.migrate(1, 0, S).status == 1
+    assert store.client.hgetall(store.keys.field(0, 1, 0)) == {b"k": b"-7"}
+    assert store.client.hgetall(store.keys.field(1, 1, 0)) == {b"k": str(2**62).encode()}
+    assert store.close_window(0, W).fields == [[{}, {b"k": -7}, {}], [{}, {b"k": 2**62}, {}]]
 
 
 def test_a_window_closed_during_a_migration_keeps_its_held_sums(store, plane) -> None:
-    assert store.apply(batch(0, 1, {(0, b"k"): 5}, sums={(0, b"k"): 50}), n_sources=S)
+    assert store.apply(batch(0, 1, {(0, b"k"): 5}, fields=[(SUMS, {(0, b"k"): 50})]), n_sources=S)
     publish_move(plane, b"k", old=0, new=1)
-    held = batch(1, 1, {(0, b"k"): 3}, switches={0: 1}, sums={(0, b"k"): 30})
+    held = batch(1, 1, {(0, b"k"): 3}, switches={0: 1}, fields=[(SUMS, {(0, b"k"): 30})])
     assert store.apply(held, n_sources=S)
-    assert store.close_window(0, W).sums == [{b"k": 50}, {b"k": 30}, {}]
+    assert store.close_window(0, W).fields == [[{b"k": 50}, {b"k": 30}, {}]]
 
 
 def test_an_ended_source_counts_as_switched(store, plane) -> None:

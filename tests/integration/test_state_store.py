@@ -11,8 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from worker_batches import batch
+import redis
+from worker_batches import SUMS, batch
 
+from operators.aggregates import StateField
+from pipeline.io.extractors import format_amount
 from pipeline.io.records import END_OF_STREAM
 from pipeline.io.state_store import StateStore, add_once
 from pipeline.stages.aggregator import AggregateOptions, Aggregator
@@ -148,7 +151,7 @@ def test_finalize_once_and_atomically(store: StateStore) -> None:
     store.apply(batch(1, 0, {(0, b"a"): 5}), n_sources=1)
     partials = store.close_window(0, 2)
     assert partials.counts == [{b"a": 2, b"b": 1}, {b"a": 5}]
-    assert partials.sums == [{}, {}]  # a run without --sum
+    assert partials.fields == []  # a run without state fields
     outcomes: list[bool] = []
 
     def finalize(counts: dict[bytes, int]) -> None:
@@ -175,11 +178,13 @@ def test_finalize_once_and_atomically(store: StateStore) -> None:
 
 def test_sums_beside_counts_applied_once_merged_and_finalized(store: StateStore) -> None:
     big = 2**62  # int64 millionths travel through Redis as integers, never as Lua's double
-    first = batch(0, 0, {(0, b"a"): 2, (0, b"b"): 1}, sums={(0, b"a"): big, (0, b"b"): -7})
+    first = batch(
+        0, 0, {(0, b"a"): 2, (0, b"b"): 1}, fields=[(SUMS, {(0, b"a"): big, (0, b"b"): -7})]
+    )
     assert store.apply(first, n_sources=1)
     assert store.apply(first, n_sources=1) is False  # a replay adds nothing to the sums either
-    assert store.apply(batch(1, 0, {(0, b"a"): 5}, sums={(0, b"a"): 3}), n_sources=1)
-    assert store.client.hgetall(store.keys.sums(0, 0)) == {b"a": str(big).encode(), b"b": b"-7"}
+    assert store.apply(batch(1, 0, {(0, b"a"): 5}, fields=[(SUMS, {(0, b"a"): 3})]), n_sources=1)
+    assert store.client.hgetall(store.keys.field(0, 0, 0)) == {b"a": str(big).encode(), b"b": b"-7"}
     assert store.client.hgetall(store.keys.state(0, 0)) == {b"a": b"2", b"b": b"1"}
     published: list[tuple[bytes, bytes]] = []
     options = AggregateOptions(workers=2, window_ms=10_000, run_id=store.keys.run_id)
@@ -187,11 +192,58 @@ def test_sums_beside_counts_applied_once_merged_and_finalized(store: StateStore)
     store.apply(batch(1, 1, {}, marks={0: int(END_OF_STREAM)}), n_sources=1)
     assert Aggregator(store, options, published.extend).step().finalized == [0]
     assert store.result(0) == {b"a": 7, b"b": 1}
-    assert store.result_sums(0) == {b"a": big + 3, b"b": -7}
+    assert store.result_fields(0) == [{b"a": big + 3, b"b": -7}]
     assert store.state_keys() == []
     (value,) = [json.loads(v) for _, v in published]
     assert value["sums"] == {"a": "4611686018427.387907", "b": "-0.000007"}
     assert value["counts"] == {"a": 7, "b": 1}
+
+
+def test_least_and_greatest_are_exact_at_int64s_edges_and_a_null_stays_null(
+    store: StateStore,
+) -> None:
+    """A query's count, min and max of one column on two workers: a least and a greatest
+    compared in Lua as int64 texts (2**62 + 1 and 2**62 are one double), a key whose records
+    held no value keeps a count of 0 and no least or greatest (NULL, published as null), and
+    the aggregator merges the workers' partials each as it merges."""
+    count = StateField("count(ms)", "count", "ms")
+    low, high = StateField("min(ms)", "min", "ms"), StateField("max(ms)", "max", "ms")
+    top, bottom = 2**63 - 1, -(2**63)
+    first = batch(0, 0, {(0, b"a"): 2, (0, b"n"): 1}, fields=[
+        (count, {(0, b"a"): 2, (0, b"n"): 0}),
+        (low, {(0, b"a"): 2**62 + 1}),
+        (high, {(0, b"a"): 2**62}),
+    ])  # fmt: skip
+    assert store.apply(first, n_sources=1)
+    assert store.apply(batch(0, 1, {(0, b"a"): 1}, fields=[
+        (count, {(0, b"a"): 1}), (low, {(0, b"a"): 2**62}), (high, {(0, b"a"): 2**62 + 1}),
+    ]), n_sources=1)  # fmt: skip
+    assert store.client.hgetall(store.keys.field(1, 0, 0)) == {b"a": str(2**62).encode()}
+    assert store.client.hgetall(store.keys.field(2, 0, 0)) == {b"a": str(2**62 + 1).encode()}
+    assert store.apply(batch(1, 0, {(0, b"a"): 2}, fields=[
+        (count, {(0, b"a"): 2}), (low, {(0, b"a"): bottom}), (high, {(0, b"a"): top}),
+    ]), n_sources=1)  # fmt: skip
+    assert store.apply(batch(1, 1, {(0, b"a"): 1}, fields=[
+        (count, {(0, b"a"): 1}), (low, {(0, b"a"): -5}), (high, {(0, b"a"): -(2**62)}),
+    ]), n_sources=1)  # fmt: skip
+    assert store.client.hgetall(store.keys.field(1, 1, 0)) == {b"a": str(bottom).encode()}
+    assert store.client.hgetall(store.keys.field(2, 1, 0)) == {b"a": str(top).encode()}
+    # Another job's fields on this run's keys: refused, nothing written.
+    other = batch(0, 2, {(0, b"a"): 1}, fields=[(SUMS, {(0, b"a"): 1})])
+    with pytest.raises(redis.exceptions.ResponseError, match="keeps fields"):
+        store.apply(other, n_sources=1)
+    assert store.partial(0, 0) == {b"a": 3, b"n": 1}
+    published: list[tuple[bytes, bytes]] = []
+    options = AggregateOptions(workers=2, window_ms=10_000, run_id=store.keys.run_id)
+    for worker in (0, 1):
+        store.apply(batch(worker, 3, {}, marks={0: int(END_OF_STREAM)}), n_sources=1)
+    assert Aggregator(store, options, published.extend).step().finalized == [0]
+    assert store.result_fields(0) == [{b"a": 6, b"n": 0}, {b"a": bottom}, {b"a": top}]
+    assert store.state_keys() == []
+    (value,) = [json.loads(v) for _, v in published]
+    assert value["count(ms)"] == {"a": 6, "n": 0}
+    assert value["min(ms)"] == {"a": format_amount(bottom), "n": None}
+    assert value["max(ms)"] == {"a": format_amount(top), "n": None}
 
 
 def test_aggregator_closes_only_what_the_watermark_passed(store: StateStore) -> None:
@@ -364,5 +416,5 @@ def test_a_real_time_worker_refuses_a_run_that_sums_amounts(
         ),
     )
     user_topic.record(store.client, summed, RunNames(store.keys.run_id))
-    with pytest.raises(WorkerConfigError, match=r"--trigger real-time does not sum amounts"):
+    with pytest.raises(WorkerConfigError, match=r"--trigger real-time keeps counts only, not sums"):
         prepare(options, store)

@@ -14,11 +14,12 @@ Two streams, each produced here by a plain client, never by skewer's producer:
 
 Each stream runs under pkg and under mixed (a routing-table scheme: the controller runs),
 reading what the topic holds (a bounded run); the JSON stream's mixed run is given as a query
-(``--query``) whose WHERE leaves out some of the records. Every run must pass the Spark batch
-recount (``verify --recount``'s check, sums included) and, independently, equal the counts
-(and sums) computed here from the records as the broker stored them; the late records and the
-dead letters must be exactly the ones injected, the late ones decided by the rule written out
-below, record by record.
+(``--query``) whose WHERE leaves out some of the records and whose sum, min, max, avg and
+count of ``bytes`` skip a record without a number there, as SQL skips a NULL. Every run must
+pass the Spark batch recount (``verify --recount``'s check, every aggregate included) and,
+independently, equal the counts (and aggregates) computed here from the records as the broker
+stored them; the late records and the dead letters must be exactly the ones injected, the late
+ones decided by the rule written out below, record by record.
 
 Then bad settings (one line, exit 2). The grouping stage alone on a user's topic (an idle
 partition, records deleted before they were read): test_user_topic_stage.py.
@@ -37,7 +38,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 import numpy as np
@@ -69,10 +70,22 @@ class Expected:
     counts: dict[int, Counter[bytes]]
     late: int
     dead_letters: Counter[str]
-    #: Sum of the amounts per window and key in millionths (streams with an amount).
-    sums: dict[int, Counter[bytes]]
+    #: The amounts per window and key in millionths, NULLs left out (streams with an amount).
+    amounts: dict[int, dict[bytes, list[int]]]
     #: Valid records a query's WHERE left out.
     filtered: int = 0
+
+    def fields(self, parts: list[str]) -> dict[int, list[dict[bytes, int]]]:
+        """Per window, each of ``parts`` (count, sum, min, max) of the amounts per key, as a
+        run keeps its state fields: a count of none is 0, any other part of none is absent."""
+        how = {"count": len, "sum": sum, "min": min, "max": max}
+        return {
+            window: [
+                {k: how[part](v) for k, v in by_key.items() if v or part == "count"}
+                for part in parts
+            ]
+            for window, by_key in self.amounts.items()
+        }
 
 
 def event_times(rng: np.random.Generator, n: int) -> list[int]:
@@ -92,12 +105,12 @@ def expected_from_topic(
     kafka: str, topic: str, parse: Any, window_ms: int = WINDOW_MS, where: Any = None
 ) -> Expected:
     """The counts, late records and dead letters the stored topic implies, partition by
-    partition in offset order: ``parse(record)`` gives (key, time, amount in millionths) or a
-    dead-letter reason; ``where(record)`` (a query's WHERE) whether a valid record is kept. A
-    kept record is late when its window's end is at or below the watermark before it: the
-    highest event time of the partition's valid records before it minus the bound."""
+    partition in offset order: ``parse(record)`` gives (key, time, amount in millionths, None
+    for a NULL) or a dead-letter reason; ``where(record)`` (a query's WHERE) whether a valid
+    record is kept. A kept record is late when its window's end is at or below the watermark
+    before it: the highest event time of the partition's valid records before it minus the bound."""
     counts: dict[int, Counter[bytes]] = {}
-    sums: dict[int, Counter[bytes]] = {}
+    amounts: dict[int, dict[bytes, list[int]]] = {}
     dead: Counter[str] = Counter()
     late = filtered = 0
     highest: dict[int, int] = {}
@@ -115,9 +128,11 @@ def expected_from_topic(
             late += 1
         else:
             counts.setdefault(window, Counter())[key] += 1
-            sums.setdefault(window, Counter())[key] += amount
+            kept = amounts.setdefault(window, {}).setdefault(key, [])
+            if amount is not None:
+                kept.append(amount)
         highest[record.partition] = t if seen is None else max(seen, t)
-    return Expected(counts, late, dead, sums, filtered)
+    return Expected(counts, late, dead, amounts, filtered)
 
 
 # --- the JSON stream, by Kafka's console producer ----------------------------------------------
@@ -159,9 +174,13 @@ def json_lines() -> list[str]:
 #: The query the JSON stream's query runs are given: the pkg run's flags, with a WHERE and a
 #: second grouping column.
 JSON_QUERY = (
-    "SELECT user, device, window.start, count(*) AS hits, sum(bytes) AS bytes FROM `{topic}` "
-    "WHERE n >= 600 AND NOT user LIKE 'u1%' GROUP BY user, device, window(ts, '10 seconds')"
+    "SELECT user, device, window.start, count(*) AS hits, sum(bytes) AS bytes, "
+    "min(bytes) AS least, max(bytes) AS most, avg(bytes) AS mean, count(bytes) AS sized "
+    "FROM `{topic}` WHERE n >= 600 AND NOT user LIKE 'u1%' "
+    "GROUP BY user, device, window(ts, '10 seconds')"
 )
+#: :data:`JSON_QUERY`'s state fields, in the order the run declares them.
+JSON_QUERY_PARTS = ["count", "sum", "min", "max"]
 
 
 def json_where(record: kafka_io.StoredRecord) -> bool:
@@ -170,16 +189,21 @@ def json_where(record: kafka_io.StoredRecord) -> bool:
     return doc["n"] >= 600 and not doc["user"].startswith("u1")
 
 
-def parse_json_by_device(record: kafka_io.StoredRecord) -> tuple[bytes, int, int] | str:
-    """:func:`parse_json` with :data:`JSON_QUERY`'s key: the JSON array of user and device."""
+def parse_json_by_device(record: kafka_io.StoredRecord) -> tuple[bytes, int, int | None] | str:
+    """:func:`parse_json` with :data:`JSON_QUERY`'s key, the JSON array of user and device, and
+    its NULLs: a value without a number in ``bytes`` is kept, its amount NULL (None)."""
     parsed = parse_json(record)
+    if parsed == "bad-amount":
+        doc = json.loads(record.value or b"")
+        stamp = datetime.fromisoformat(doc["ts"].replace("Z", "+00:00"))
+        parsed = doc["user"].encode(), round(stamp.timestamp() * 1000), None
     if isinstance(parsed, str):
         return parsed
     key = json.dumps([parsed[0].decode(), json.loads(record.value or b"")["device"]])
     return key.replace(", ", ",").encode(), parsed[1], parsed[2]
 
 
-def parse_json(record: kafka_io.StoredRecord) -> tuple[bytes, int, int] | str:
+def parse_json(record: kafka_io.StoredRecord) -> tuple[bytes, int, int | None] | str:
     try:
         doc = json.loads(record.value or b"", parse_float=Decimal)
     except ValueError:
@@ -251,7 +275,8 @@ class Outcome:
     plan: RunPlan
     summary: RunSummary
     results: dict[int, dict[bytes, int]]
-    result_sums: dict[int, dict[bytes, int]]
+    #: Per final window, each declared state field's value per key.
+    result_fields: dict[int, list[dict[bytes, int]]]
     late_topic: int
     dead_letter_reasons: Counter[str]
     cli_verify: str | None = None
@@ -269,7 +294,7 @@ def run_on_topic(
         store = pipeline.store
         summary = pipeline.summary()
         results = {w: store.result(w) for w in store.final_windows()}
-        result_sums = {w: store.result_sums(w) for w in store.final_windows()}
+        result_fields = {w: store.result_fields(w) for w in store.final_windows()}
         names = plan.names
         late_topic = len(kafka_io.read_topic(settings.kafka_bootstrap, names.late_topic))
         dead = Counter(
@@ -294,7 +319,7 @@ def run_on_topic(
             )
             assert done.returncode == 0, done.stdout + done.stderr[-2000:]
             verified = done.stdout
-    return Outcome(plan, summary, results, result_sums, late_topic, dead, verified)
+    return Outcome(plan, summary, results, result_fields, late_topic, dead, verified)
 
 
 def plans_for(
@@ -317,7 +342,7 @@ def plans_for(
             input_topic=topic,
             key=key,
             time=time_spec,
-            sum=amount,
+            sum=None if mixed_query and scheme == "mixed" else amount,
             max_out_of_order_ms=BOUND_MS,
             ending_offsets=ending_offsets,
             query=mixed_query if scheme == "mixed" else None,
@@ -332,10 +357,12 @@ def check(outcome: Outcome, expected: Expected) -> None:
     verification = summary.verification
     assert verification.exact, "\n".join(verification.lines())
     assert outcome.results == {w: dict(c) for w, c in expected.counts.items()}
-    if outcome.plan.sum is not None:
-        assert outcome.result_sums == {w: dict(c) for w, c in expected.sums.items()}
+    if outcome.plan.query:
+        assert outcome.result_fields == expected.fields(JSON_QUERY_PARTS)
+    elif outcome.plan.sum is not None:
+        assert outcome.result_fields == expected.fields(["sum"])
     else:
-        assert not any(outcome.result_sums.values())
+        assert not any(outcome.result_fields.values())
     assert summary.late_records == outcome.late_topic == expected.late > 0
     assert outcome.dead_letter_reasons == expected.dead_letters
     assert summary.dead_letter_reasons == dict(expected.dead_letters)
@@ -347,11 +374,19 @@ def check(outcome: Outcome, expected: Expected) -> None:
     if outcome.plan.query:
         # The summary's top keys of the last window, as the query names its columns.
         rows, last = summary.top_rows, max(expected.counts)
-        assert rows and list(rows[0]) == ["user", "device", "start", "hits", "bytes"]
+        columns = ["user", "device", "start", "hits", "bytes", "least", "most", "mean", "sized"]
+        assert rows and list(rows[0]) == columns
         for row in rows:
             key = json.dumps([row["user"], row["device"]]).replace(", ", ",").encode()
+            amounts = expected.amounts[last][key]
             assert row["hits"] == expected.counts[last][key]
-            assert row["bytes"] == format_amount(expected.sums[last][key])
+            assert row["sized"] == len(amounts)
+            assert row["bytes"] == (format_amount(sum(amounts)) if amounts else None)
+            assert row["least"] == (format_amount(min(amounts)) if amounts else None)
+            assert row["most"] == (format_amount(max(amounts)) if amounts else None)
+            if amounts:  # exact, to Spark's ten places of an average of DECIMAL(p, 6)
+                mean = Decimal(sum(amounts)) / len(amounts) / 10**6
+                assert Decimal(row["mean"]) == mean.quantize(Decimal("1e-10"), ROUND_HALF_UP)
         assert "top keys of the last window" in "\n".join(summary.lines())
 
 
@@ -365,11 +400,18 @@ def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(
         {"undecodable-value": 12, "no-key": 8, "bad-time": 6, "bad-amount": 7}
     )
     # Some amounts have digits beyond the millionths kept: the sums must floor them alike.
-    assert any(s % 1_000 for c in expected.sums.values() for s in c.values())
+    assert any(a % 1_000 for w in expected.amounts.values() for v in w.values() for a in v)
     where = expected_from_topic(
         settings.kafka_bootstrap, topic, parse_json_by_device, where=json_where
     )
     assert where.filtered > RECORDS // 20 and where.late > 0
+    # The query counts a record without a number in bytes, and skips it in bytes' aggregates
+    # (SQL's NULL): no dead letter for it.
+    assert "bad-amount" not in where.dead_letters
+    nulls = sum(
+        where.counts[w][k] - len(v) for w, by in where.amounts.items() for k, v in by.items()
+    )
+    assert nulls > 0
     plans = plans_for(
         topic,
         "json:user",
@@ -395,12 +437,13 @@ def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(
     by_query = [o for o in outcomes if o.plan.query]
     assert len(by_query) == 2
     for outcome in by_query[1:]:
-        assert (outcome.results, outcome.result_sums) == (
+        assert (outcome.results, outcome.result_fields) == (
             by_query[0].results,
-            by_query[0].result_sums,
+            by_query[0].result_fields,
         )
+        assert outcome.summary.top_rows == by_query[0].summary.top_rows
     cli = next(o.cli_verify for o in outcomes if o.cli_verify is not None)
-    assert cli.startswith("exact: every (key, window) count and sum equals the recount")
+    assert cli.startswith("exact: every (key, window) count and state field equals the recount")
 
 
 def test_a_bytes_topic_keyed_and_timed_by_kafka_is_grouped_exactly(

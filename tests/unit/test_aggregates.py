@@ -97,3 +97,18 @@ def test_merged_partials_of_any_split_are_sqls_value_of_the_whole(
 def test_an_empty_batch_has_no_groups() -> None:
     groups = agg.group_rows(KeyBatch.from_bytes([]), np.zeros(0, dtype=np.int64))
     assert len(groups) == 0 and len(agg.scalar_partials(groups, None, None).count) == 0
+
+
+def test_sums_follow_the_counts_with_and_without_a_collision() -> None:
+    """Grouped on fingerprints, or on the bytes after two keys' fingerprints collide (every id
+    0 here): each (window, key) gets its own rows' sum."""
+    keys = KeyBatch.from_strings(["a", "b", "a", "bb", "a"])
+    windows = np.array([0, 0, 0, 0, 10])
+    amounts = np.array([5, -1, 7, 2**40, 3])
+    expected = {(0, b"a"): (2, 12), (0, b"b"): (1, -1), (0, b"bb"): (1, 2**40), (10, b"a"): (1, 3)}
+    for ids in (None, np.zeros(5, dtype=np.int64)):
+        groups = agg.group_rows(keys, windows, key_ids=ids)
+        partials = agg.scalar_partials(groups, amounts, None)
+        pairs = zip(groups.windows.tolist(), groups.keys.to_list(), strict=True)
+        got = zip(pairs, partials.count.tolist(), partials.total.tolist(), strict=True)
+        assert {pair: (count, total) for pair, count, total in got} == expected

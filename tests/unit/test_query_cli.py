@@ -26,7 +26,10 @@ REFUSED = [
     ("SELECT url, ms, count(*) FROM clicks " + GROUPED, "neither grouped nor aggregated"),
     ("SELECT url, count(*) FROM clicks WHERE upper(url) = 'A' " + GROUPED, "UPPER(url)"),
     ("SELECT url, sum(url) FROM clicks WHERE url LIKE 'a%' " + GROUPED, "as a number"),
-    ("SELECT url, min(ms) FROM clicks " + GROUPED, "min() is not run live yet"),
+    (
+        "SELECT url, approx_count_distinct(user) FROM clicks " + GROUPED,
+        "approx_count_distinct() is not run live yet",
+    ),
     (
         "SELECT url, count(*) FROM clicks GROUP BY url, session_window(ts, '1 minute')",
         "session windows are not run live yet",
@@ -66,12 +69,16 @@ def test_a_query_reads_the_topic_as_the_flags_it_replaces() -> None:
         "json:url",
         "--time",
         "json:ts:ms",
-        "--sum",
-        "json:bytes",
     )
     by_flags = user_topic_from_args(flags, window_ms=60_000, lateness_ms=0)
     assert by_query is not None and by_query.query == query.query
-    assert dataclasses.replace(by_query, query=None) == by_flags and by_query.topic == "clicks"
+    # The query's sum is a state field of its own, NULLs skipped: not --sum's amount, which a
+    # record must have.
+    assert by_query.extractor.amount is None
+    assert [c.name for c in by_query.extractor.aggregated] == ["bytes"]
+    assert [f.name for f in by_query.state_fields] == ["count(bytes)", "sum(bytes)"]
+    extractor = dataclasses.replace(by_query.extractor, aggregated=())
+    assert dataclasses.replace(by_query, query=None, extractor=extractor) == by_flags
 
 
 def test_a_query_of_skewers_own_stream_reads_no_topic_of_ones_own() -> None:
@@ -118,7 +125,6 @@ def test_a_plans_query_reaches_the_grouping_stage_and_survives_redis() -> None:
         input_topic="clicks-1",
         key="json:url",
         time="json:ts:ms",
-        sum="json:bytes",
         query=query,
         run_id="r",
         ending_offsets=(4, 5),
@@ -141,5 +147,17 @@ def test_a_query_that_sums_is_refused_in_real_time_mode(capsys: pytest.CaptureFi
     assert main(["demo", "--trigger", "real-time", "--query", query]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.endswith(
-        "--query's sum() is for --trigger micro-batch: the real-time writer does not sum"
+        "--query's sum(bytes) is for --trigger micro-batch: the real-time writer keeps counts only"
     )
+
+
+def test_a_plan_with_a_query_and_sum_is_refused() -> None:
+    """A query's aggregates are its state fields: a plan that also names --sum's amount would
+    read the topic two ways (a dead letter for a record the query counts with a NULL)."""
+    from pipeline.runs.plan import RunPlan
+
+    query = "SELECT url, count(*), sum(bytes) FROM clicks " + GROUPED
+    plan = RunPlan(scheme="pkg", records=1, input_topic="clicks", key="json:url",
+                   time="json:ts:ms", sum="json:bytes", query=query, run_id="r")  # fmt: skip
+    with pytest.raises(ValueError, match=r"--query says the job's aggregates: drop --sum"):
+        plan.validate()

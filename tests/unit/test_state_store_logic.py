@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from operators.aggregates import StateField
 from operators.keys import KeyBatch
 from operators.metrics import bucket_upper_ms, latency_buckets, latency_quantile
 from pipeline.io import records
@@ -26,7 +27,12 @@ from pipeline.stages.worker_job import (
     checkpoint_is_fresh,
     default_tasks,
 )
-from pipeline.stages.worker_task import decode_partition, service_finish_ms, to_worker_batch
+from pipeline.stages.worker_task import (
+    RunFields,
+    decode_partition,
+    service_finish_ms,
+    to_worker_batch,
+)
 
 
 def test_run_keys_spell_the_contract() -> None:
@@ -104,18 +110,26 @@ def test_script_args_layout() -> None:
     )
     assert batch.script_args("skewer:r:", n_sources=2) == [
         "skewer:r:", 3, 12, 12, 2,
-        0, 2, 0, b"a", 4, 10_000, b"b", 1,
+        "", 2, 0, b"a", 4, 10_000, b"b", 1,
         2, 0, 5, 1, 9_999,
         5, 2,
         2, 2, 2, 7, 3,
         1, 1, 4,
         "0.0",
     ]  # fmt: skip
-    summed = dataclasses.replace(batch, sums=np.array([-3, 2**62]))
-    assert summed.script_args("skewer:r:", n_sources=2)[5:14] == [
-        1, 2, 0, b"a", 4, -3, 10_000, b"b", 1,
+    # Two declared fields: each pair carries a value of each, '' where it has none (NULL).
+    fields = (StateField("sum(ms)", "sum", "ms"), StateField("min(ms)", "min", "ms"))
+    kept = dataclasses.replace(
+        batch,
+        fields=fields,
+        values=(np.array([-3, 2**62]), np.array([-(2**63), 0])),
+        present=(np.array([True, True]), np.array([True, False])),
+    )
+    assert kept.script_args("skewer:r:", n_sources=2)[5:17] == [
+        '[["sum(ms)","sum"],["min(ms)","min"]]', 2,
+        0, b"a", 4, -3, -2**63,
+        10_000, b"b", 1, 2**62, "",
     ]  # fmt: skip
-    assert summed.script_args("skewer:r:", n_sources=2)[14] == 2**62
 
 
 def test_key_text_examples() -> None:
@@ -185,7 +199,8 @@ def test_a_sum_runs_amounts_come_from_the_users_value_after_the_header() -> None
     36-byte header, summed per (window, key); a record without one is rejected, not summed."""
     from pipeline.io.extractors import Extractor, parse_amount, parse_key, parse_time
 
-    amounts = Extractor(parse_key("json:u"), parse_time("json:t"), parse_amount("json:bytes"))
+    extractor = Extractor(parse_key("json:u"), parse_time("json:t"), parse_amount("json:bytes"))
+    fields = RunFields((StateField("sums", "sum", None),), extractor)
     user_values = [b'{"u": "a", "t": 5, "bytes": 1.5}', b'{"u": "a", "t": 6, "bytes": 2}',
                    b'{"u": "b", "t": 7, "bytes": 0.000001}', b'{"u": "b", "t": 8}']  # fmt: skip
     headers = records.work_headers(
@@ -195,19 +210,56 @@ def test_a_sum_runs_amounts_come_from_the_users_value_after_the_header() -> None
     values.append(records.encode_marker(records.Kind.WATERMARK, source=0, time_ms=3))
     keys = [b"a", b"a", b"b", b"b", None]
     for column in (values, pa.array(values, pa.binary())):
-        decoded = decode_partition(keys, column, amounts)
+        decoded = decode_partition(keys, column, fields)
         assert decoded.data.tolist() == [True, True, True, False, False]
         assert decoded.rejected == 1
         batch = to_worker_batch(
-            decoded, np.zeros(5), worker=0, batch_id=0, now_ms=0, window_ms=10, n_sources=1
-        )
-        assert batch.sums is not None
-        got = zip(batch.keys.to_list(), batch.counts.tolist(), batch.sums.tolist(), strict=True)
+            decoded, np.zeros(5), worker=0, batch_id=0, now_ms=0, window_ms=10, n_sources=1,
+            fields=fields,
+        )  # fmt: skip
+        [sums] = batch.values
+        got = zip(batch.keys.to_list(), batch.counts.tolist(), sums.tolist(), strict=True)
         assert sorted(got) == [(b"a", 2, 3_500_000), (b"b", 1, 1)]
-    assert to_worker_batch(
+    assert not to_worker_batch(
         decode_partition(keys, values), np.zeros(5), worker=0, batch_id=0, now_ms=0,
         window_ms=10, n_sources=1,
-    ).sums is None  # fmt: skip
+    ).fields  # fmt: skip
+
+
+def test_a_querys_fields_skip_nulls_and_keep_a_count_sum_least_and_greatest() -> None:
+    """A query's avg and max of ``ms``: per (window, key), the count of records with a number
+    in ``ms``, their sum and their greatest; a record without one (missing, JSON null, a text)
+    is counted by count(*) but by none of the fields, and a key with no number has no sum and
+    no greatest (NULL), not 0."""
+    from pipeline.io.query.parse import parse_query
+    from pipeline.stages.user_topic import topic_extractor
+
+    query = (
+        "SELECT u, count(*), avg(ms), max(ms) FROM t "
+        "GROUP BY u, window(timestamp_millis(t), '10 milliseconds')"
+    )
+    extractor = topic_extractor("json:u", "json:t:ms", None, query)
+    fields = RunFields(parse_query(query).state_fields, extractor)
+    assert [f.name for f in fields.fields] == ["count(ms)", "sum(ms)", "max(ms)"]
+    user_values = [b'{"u": "a", "t": 5, "ms": 1.5}', b'{"u": "a", "t": 6, "ms": -2}',
+                   b'{"u": "a", "t": 6}', b'{"u": "b", "t": 7, "ms": null}',
+                   b'{"u": "b", "t": 8, "ms": "fast"}']  # fmt: skip
+    headers = records.work_headers(
+        np.array([5, 6, 6, 7, 8]), partition=0, offsets=np.arange(5), source=0, table_version=0
+    )
+    values = [h + v for h, v in zip(headers, user_values, strict=True)]
+    decoded = decode_partition([b"a", b"a", b"a", b"b", b"b"], values, fields)
+    assert decoded.rejected == 0 and decoded.data.all()
+    batch = to_worker_batch(
+        decoded, np.zeros(5), worker=0, batch_id=0, now_ms=0, window_ms=10, n_sources=1,
+        fields=fields,
+    )  # fmt: skip
+    assert batch.keys.to_list() == [b"a", b"b"] and batch.counts.tolist() == [3, 2]
+    shown = [
+        [v if p else None for v, p in zip(values.tolist(), present.tolist(), strict=True)]
+        for values, present in zip(batch.values, batch.present, strict=True)
+    ]
+    assert shown == [[2, 0], [-500_000, None], [1_500_000, None]]
 
 
 def test_watermark_of_an_unknown_source_fails_loudly() -> None:

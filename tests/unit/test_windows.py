@@ -80,23 +80,6 @@ def test_collision_between_same_length_keys_is_caught() -> None:
     assert as_triples(counted) == [(1, b"ab", 2), (1, b"ba", 1)]
 
 
-def test_sums_follow_the_counts_with_and_without_a_collision() -> None:
-    keys = KeyBatch.from_strings(["a", "b", "a", "bb", "a"])
-    windows = np.array([0, 0, 0, 0, 10])
-    amounts = np.array([5, -1, 7, 2**40, 3])
-    expected = {(0, b"a"): (2, 12), (0, b"b"): (1, -1), (0, b"bb"): (1, 2**40), (10, b"a"): (1, 3)}
-    for ids in (None, np.zeros(5, dtype=np.int64)):
-        counted = count_per_window_key(keys, windows, key_ids=ids, amounts=amounts)
-        assert counted.sums is not None
-        got = zip(as_triples(counted), counted.sums.tolist(), strict=True)
-        assert {(w, k): (c, total) for (w, k, c), total in got} == expected
-    assert count_per_window_key(keys, windows).sums is None
-    empty = count_per_window_key(KeyBatch.from_bytes([]), np.zeros(0), amounts=np.zeros(0))
-    assert empty.sums is not None and empty.sums.size == 0
-    with pytest.raises(ValueError, match="one amount per key"):
-        count_per_window_key(keys, windows, amounts=np.zeros(2))
-
-
 def test_empty_batch_and_shape_check() -> None:
     counted = count_per_window_key(KeyBatch.from_bytes([]), np.zeros(0, dtype=np.int64))
     assert len(counted) == 0 and counted.records == 0 and len(counted.keys) == 0

@@ -16,10 +16,12 @@ Example:
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 
+from operators.aggregates import StateField, column_state, final
 from pipeline.io.extract.specs import FieldSpec
 
 #: How a column's values are read. A number is kept exactly in millionths, as ``--sum``'s
@@ -174,6 +176,31 @@ class Job:
         return self.column(self.group_by[0])
 
     @property
+    def state_fields(self) -> tuple[StateField, ...]:
+        """What the workers keep per (window, key) besides the count of records: for each
+        column an aggregate reads, its count of non-null values, and its sum, least or greatest
+        as the aggregates ask (``avg`` is a sum and a count), each once, in ``SELECT`` order.
+
+        Example:
+            >>> job = Job("", "t", (), ("k",), None, Window("tumbling", 1000, 1000),
+            ...           (Aggregate("avg", "ms", "mean"), Aggregate("max", "ms", "slowest")),
+            ...           None, ())
+            >>> [field.name for field in job.state_fields]
+            ['count(ms)', 'sum(ms)', 'max(ms)']
+        """
+        parts = {"count": (), "sum": ("sum",), "avg": ("sum",), "min": ("min",), "max": ("max",)}
+        fields: dict[tuple[str, str], StateField] = {}
+        for aggregate in self.aggregates:
+            if aggregate.column is None:
+                continue
+            for part in ("count", *parts[aggregate.function]):
+                name = f"{part}({aggregate.column})"
+                fields.setdefault(
+                    (part, aggregate.column), StateField(name, part, aggregate.column)
+                )
+        return tuple(fields.values())
+
+    @property
     def value_format(self) -> str | None:
         """``json`` or ``csv`` when a column is read from the record's value, else None."""
         formats = {c.spec.source for c in self.columns}
@@ -182,13 +209,13 @@ class Job:
 
 
 #: What the live stages run of a job so far; :func:`live_refusal` names the first thing beyond.
-LIVE_AGGREGATES = ("count(*)", "sum")
+LIVE_AGGREGATES = ("count(*)", "count", "sum", "min", "max", "avg")
 
 
 def live_refusal(job: Job) -> str | None:
     """One line naming what the live stages do not run of ``job``, None if they run all of it:
-    a tumbling window, ``count(*)``, at most one ``sum()``, and a ``WHERE`` and grouping
-    columns on a topic's fields (docs/query.md#what-runs-live).
+    a tumbling window, ``count(*)``, ``count``, ``sum``, ``min``, ``max`` and ``avg`` of a
+    topic's fields, a ``WHERE`` and grouping columns on them (docs/query.md#what-runs-live).
 
     Example:
         >>> hopping = Job("", "t", (), ("k",), None, Window("hopping", 60_000, 10_000), (), None,
@@ -206,29 +233,43 @@ def live_refusal(job: Job) -> str | None:
         function = beyond[0].function
         called = function if "(" in function else f"{function}()"
         return (
-            f"{called} is not run live yet: the live stages run count(*) and one sum() per key "
-            "and window"
+            f"{called} is not run live yet: the live stages run count, sum, min, max and avg "
+            "per key and window"
         )
-    summed = {a.column for a in job.aggregates if a.function == "sum"}
-    if len(summed) > 1:
-        return "sums of several columns are not run live yet: sum one column"
+    for aggregate in job.aggregates:
+        if aggregate.column is not None and job.column(aggregate.column).spec.source not in (
+            "json",
+            "csv",
+        ):
+            return (
+                f"{aggregate.function}({aggregate.column}) reads the Kafka record's "
+                f"{job.column(aggregate.column).spec.source}: the live stages aggregate fields "
+                "of the record's value"
+            )
     return None
 
 
 def output_row(
-    job: Job, window_start_ms: int, key: str, count: int, sum_text: str | None
+    job: Job,
+    window_start_ms: int,
+    key: str,
+    count: int,
+    merged: Sequence[Mapping[bytes, int]],
 ) -> dict[str, object]:
     """One (key, window) of a live run's result as the query names its columns: the grouping
     columns' texts (a key of several columns is their JSON array), the window's bounds as
-    ISO-8601 UTC times, ``count(*)`` and ``sum()`` (exact decimal text).
+    ISO-8601 UTC times, ``count(*)`` and each aggregate from the window's merged state
+    (``merged``: a map per field of :attr:`Job.state_fields`), exact decimals as text and
+    NULL as None.
 
     Example:
         >>> job = Job("", "t", (), ("user", "device"), None, Window("tumbling", 60_000, 60_000),
-        ...           (Aggregate("count(*)", None, "hits"),), None,
-        ...           (Output("device", "device"), Output("start", "window.start"),
-        ...            Output("hits", "hits")))
-        >>> output_row(job, 0, '["u1","mobile"]', 3, None)
-        {'device': 'mobile', 'start': '1970-01-01T00:00:00.000Z', 'hits': 3}
+        ...           (Aggregate("count(*)", None, "hits"), Aggregate("max", "ms", "slowest")),
+        ...           None, (Output("device", "device"), Output("start", "window.start"),
+        ...            Output("hits", "hits"), Output("slowest", "slowest")))
+        >>> key = '["u1","mobile"]'
+        >>> output_row(job, 0, key, 3, [{key.encode(): 2}, {key.encode(): 7_500_000}])
+        {'device': 'mobile', 'start': '1970-01-01T00:00:00.000Z', 'hits': 3, 'slowest': '7.5'}
     """
     parts = json.loads(key) if len(job.group_by) > 1 else [key]
     values: dict[str, object] = dict(zip(job.group_by, parts, strict=True))
@@ -237,6 +278,14 @@ def output_row(
         values[f"window.{bound}"] = (
             datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
         ).replace("+00:00", "Z")
+    fields, raw = job.state_fields, key.encode("utf-8", "surrogateescape")
     for aggregate in job.aggregates:
-        values[aggregate.name] = count if aggregate.function == "count(*)" else sum_text
+        if aggregate.column is None:
+            values[aggregate.name] = count
+            continue
+        value = final(aggregate.function, [column_state(fields, merged, aggregate.column, raw)])
+        # The shortest exact text, as --sum's sums are published.
+        values[aggregate.name] = (
+            format(value.normalize(), "f") if isinstance(value, Decimal) else value
+        )
     return {output.name: values[output.source] for output in job.outputs}

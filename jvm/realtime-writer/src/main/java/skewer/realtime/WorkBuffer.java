@@ -82,7 +82,8 @@ final class WorkBuffer {
 
   /**
    * ARGV of the apply script for these rows, their latency measured at {@code nowMs}: prefix,
-   * worker, first offset, last offset, S, sums (0), n_pairs, (window, key, count) * n_pairs,
+   * worker, first offset, last offset, S, declared state fields ("": none, the writer keeps
+   * counts only), n_pairs, (window, key, count) * n_pairs,
    * n_marks, (source, watermark) * n_marks, records, rejected, n_buckets, (bucket, count) *
    * n_buckets, n_switches, (source, version) * n_switches, busy-until.
    */
@@ -118,7 +119,7 @@ final class WorkBuffer {
     add(args, firstOffset());
     add(args, lastOffset());
     add(args, sources);
-    add(args, 0);
+    add(args, "");
     add(args, pairs.values().stream().mapToInt(Map::size).sum());
     for (Map.Entry<Long, Map<ByteBuffer, long[]>> window : pairs.entrySet()) {
       for (Map.Entry<ByteBuffer, long[]> pair : window.getValue().entrySet()) {
