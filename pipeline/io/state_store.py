@@ -90,9 +90,11 @@ class WorkerBatch:
             [value if has else "" for value, has in zip(v.tolist(), p.tolist(), strict=True)]
             for v, p in zip(self.values, self.present, strict=True)
         ]
-        pairs = zip(self.windows.tolist(), self.keys.to_list(), self.counts.tolist(), strict=True)
-        for pair, (window, key, count) in enumerate(pairs):
-            args += (window, key, count)
+        windows, keys, counts = self.windows.tolist(), self.keys.to_list(), self.counts.tolist()
+        # In (window, key bytes) order, as the real-time writer sends them: one batch, one
+        # ARGV, whichever side built it (tests/vectors/apply_args.json).
+        for pair in sorted(range(len(keys)), key=lambda i: (windows[i], keys[i])):
+            args += (windows[pair], keys[pair], counts[pair])
             args += [column[pair] for column in columns]
         args.append(len(self.source_watermarks))
         for source in sorted(self.source_watermarks):

@@ -4,7 +4,6 @@ import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
@@ -98,7 +97,8 @@ final class WorkBuffer {
       switch (row.kind) {
         case WorkRecord.DATA:
           long window = Math.floorDiv(row.eventTimeMs, windowMs) * windowMs;
-          pairs.computeIfAbsent(window, w -> new LinkedHashMap<>())
+          // In (window, key bytes unsigned) order, as WorkerBatch.script_args sends them.
+          pairs.computeIfAbsent(window, w -> new TreeMap<>(WorkBuffer::compareKeys))
               .computeIfAbsent(ByteBuffer.wrap(row.key), k -> new long[1])[0] += 1;
           latency.computeIfAbsent(latencyBucket(nowMs - row.timestampMs), b -> new long[1])[0] += 1;
           records += 1;
@@ -141,6 +141,12 @@ final class WorkBuffer {
     addMap(args, versions);
     add(args, Double.toString(busyUntilMs));
     return args;
+  }
+
+  private static int compareKeys(ByteBuffer a, ByteBuffer b) {
+    return Arrays.compareUnsigned(
+        a.array(), a.arrayOffset(), a.arrayOffset() + a.limit(),
+        b.array(), b.arrayOffset(), b.arrayOffset() + b.limit());
   }
 
   /**
