@@ -48,6 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from confluent_kafka import KafkaException
+
     from pipeline.cli.arguments import UsageError
     from pipeline.io import config, kafka_io
     from pipeline.io.redis_client import connect_redis
@@ -80,15 +82,19 @@ def run(args: argparse.Namespace) -> int:
         settings.kafka_bootstrap, names.results_topic, 1, replication=settings.kafka_replication
     )
     try:
-        aggregator = Aggregator(
-            StateStore(client, args.run_id),
-            options,
-            KafkaPublisher(settings.kafka_bootstrap, names.results_topic),
+        publisher = KafkaPublisher(
+            settings.kafka_bootstrap, names.results_topic, names.aggregate_transactional_id
         )
+        aggregator = Aggregator(StateStore(client, args.run_id), options, publisher)
         aggregator.check_config()
+        aggregator.resume(publisher.published_windows())
     except ValueError as error:
         client.close()
         raise UsageError(str(error)) from None
+    except (KafkaException, kafka_io.KafkaIOError) as error:  # a broker gone since the check
+        client.close()
+        print(f"skewer aggregate: error: {names.results_topic}: {error}", file=sys.stderr)
+        return 1
 
     def report(step: AggregateSummary) -> None:
         for window in step.finalized:

@@ -6,7 +6,8 @@ Reads the run's timeline (samples the aggregator took about once a second), its 
 cumulative records and the controller's rebalances from Redis, draws the imbalance per
 interval and cumulative (max/avg load, and I(t) as a fraction of records) over time and the
 records per worker against their average, writes the PNG (default
-`{run_dir}/reports/{run}.png`) and prints its path. Exit 2 for an unknown run or a path it
+`{run_dir}/reports/{run}.png`) and prints its path; a query's run also prints its last window's
+top keys as the query's rows. Exit 2 for an unknown run or a path it
 cannot write, 1 when Redis does not answer. See pipeline/runs/report.py for the figures.
 """
 
@@ -41,7 +42,10 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.io import config
     from pipeline.io.redis_client import connect_redis
     from pipeline.io.redis_layout import RunKeys
+    from pipeline.io.state_store import StateStore
     from pipeline.runs import report
+    from pipeline.runs.summary import top_row_lines, top_rows
+    from pipeline.stages import user_topic
 
     try:
         RunKeys(args.run_id)
@@ -52,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     client = connect_redis(settings.redis_url)
     try:
         written, data = report.write_run_report(client, args.run_id, args.scheme, path)
+        found = user_topic.recorded(client, args.run_id)
+        rows = top_rows(StateStore(client, args.run_id), found[0].query if found else None)
     except report.ReportError as error:
         raise UsageError(str(error)) from None
     finally:
@@ -60,4 +66,6 @@ def run(args: argparse.Namespace) -> int:
         if count:
             print(f"skewer report: skipped {count} malformed {what} entries", file=sys.stderr)
     print(written)
+    for line in top_row_lines(rows):
+        print(line)
     return 0

@@ -7,16 +7,17 @@ One *run* (``--run-id``) owns the topics ``keys`` (unless it reads a user's topi
 and tests sit side by side; :class:`RunNames` spells them (its Redis keys:
 :mod:`pipeline.io.redis_layout`). Every stage builds its clients here, with the environment's
 security settings (:mod:`pipeline.io.kafka_security`): an idempotent producer, a
-transactional one per grouping source, ``read_committed`` consumers with manual assignment.
-Topics are created with their partition count, which is part of the routing. Why each
-setting: docs/design.md#kafka-pitfalls.
+transactional one per grouping source and one for the aggregator, ``read_committed`` consumers
+with manual assignment. Topics are created with their partition count, which is part of the
+routing. Why each setting: docs/design.md#kafka-pitfalls.
+
+Long because each answer of a broker that needs care (a leader moving, a transaction to commit
+again, offsets not yet known) is handled here once, for every stage.
 
 Example:
     >>> names = RunNames(run_id="r1", topic_prefix="t-")
     >>> names.keys_topic, names.work_topic, names.dead_letters_topic, names.late_topic
     ('t-keys', 't-work', 't-dead-letters', 't-late')
-    >>> names.redis_prefix
-    'skewer:r1:'
     >>> transactional_producer_config("h:1", "skewer.r1.t-group.0")["transactional.id"]
     'skewer.r1.t-group.0'
     >>> consumer_config("h:1", "g")["isolation.level"]
@@ -84,6 +85,11 @@ class RunNames:
     def transactional_id(self, source: int) -> str:
         """One per grouping source: a restarted source fences its predecessor by this id."""
         return f"skewer.{self.run_id}.{self.topic_prefix}group.{source}"
+
+    @property
+    def aggregate_transactional_id(self) -> str:
+        """The aggregator's: a restarted aggregator fences its predecessor by this id."""
+        return f"skewer.{self.run_id}.{self.topic_prefix}aggregate"
 
     def consumer_group(self, source: int) -> str:
         """One group per source: its committed offset of ``keys`` partition ``source``."""
@@ -182,6 +188,21 @@ def produce_blocking(
             return
         except BufferError:
             producer.poll(0.05)
+
+
+def commit_transaction(producer: Any, attempts: int = 10) -> None:
+    """``producer.commit_transaction``, asked again while the broker answers with a retriable
+    error (a coordinator moving): the transaction stays open until it commits or fails."""
+    from confluent_kafka import KafkaException
+
+    for _attempt in range(attempts - 1):
+        try:
+            producer.commit_transaction(60)
+            return
+        except KafkaException as exception:
+            if not exception.args[0].retriable():
+                raise
+    producer.commit_transaction(60)
 
 
 def require_kafka(bootstrap: str, timeout: float = 5.0) -> None:

@@ -43,7 +43,7 @@ from pipeline.runs.latency import LatencySampler
 from pipeline.runs.plan import STAGES, RunPlan
 from pipeline.runs.run_clock import RunClock, summary_timing
 from pipeline.runs.stage_process import StageProcess, signal_group, start_stage
-from pipeline.runs.summary import RunSummary
+from pipeline.runs.summary import RunSummary, top_rows
 from pipeline.services.process import group_alive
 
 if TYPE_CHECKING:
@@ -577,7 +577,7 @@ class Pipeline:
             dead_letters=sum(dead.values()),
             late_records=sum(counters.late_per_source().values()),
             filtered_records=sum(counters.filtered_per_source().values()),
-            top_rows=self.top_rows(),
+            top_rows=top_rows(self.store, self.plan.query),
             dead_letter_reasons=dead,
             stages={name: p.output() for name, p in self.stages.items()},
             restarts={name: p.starts - 1 for name, p in self.stages.items() if p.starts > 1},
@@ -585,22 +585,6 @@ class Pipeline:
             migrations=ControlPlane(store.client, plan.run_id).rebalances(),
             **timing,
         )
-
-    def top_rows(self, k: int = 5) -> list[dict[str, Any]]:
-        """A query's run: its last final window's ``k`` top keys as the query's rows."""
-        from pipeline.io.query.job import output_row
-        from pipeline.io.query.parse import parse_query
-        from pipeline.io.state_store import key_text
-
-        final = self.store.final_windows()
-        if self.plan.query is None or not final:
-            return []
-        job, window = parse_query(self.plan.query), max(final)
-        merged = self.store.result_fields(window)
-        return [
-            output_row(job, window, key_text(key), count, merged)
-            for key, count in self.store.topk(window)[:k]
-        ]
 
     def verify(self) -> RunVerification | RecountVerification:
         """Is the run exact? Against the producers' ground truth, or, for a user's topic, a

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pipeline.io.state_store import StateStore
     from pipeline.runs.recount import RecountVerification
     from pipeline.runs.verify import RunVerification
 
@@ -173,10 +174,33 @@ class RunSummary:
                 f"entries moved, {held:,} record(s) held back for at most {hold:.2f} s; "
                 f"longest migration {longest:.2f} s"
             )
-        if self.top_rows:
-            out.append("top keys of the last window, as the query names its columns:")
-            out += [_row_table(self.top_rows)]
+        out += top_row_lines(self.top_rows)
         return out
+
+
+def top_rows(store: StateStore, query: str | None, k: int = 5) -> list[dict[str, Any]]:
+    """A query's run: its last final window's ``k`` top keys as the query's rows (none for a
+    run without a query or a final window)."""
+    from pipeline.io.query.job import output_row
+    from pipeline.io.query.parse import parse_query
+    from pipeline.io.state_store import key_text
+
+    final = store.final_windows()
+    if not query or not final:
+        return []
+    job, window = parse_query(query), max(final)
+    merged = store.result_fields(window)
+    return [
+        output_row(job, window, key_text(key), count, merged)
+        for key, count in store.topk(window)[:k]
+    ]
+
+
+def top_row_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """:func:`top_rows` under a heading, for a terminal (none without rows)."""
+    if not rows:
+        return []
+    return ["top keys of the last window, as the query names its columns:", _row_table(rows)]
 
 
 def _row_table(rows: list[dict[str, Any]]) -> str:

@@ -6,10 +6,12 @@ A window is final when the pipeline's watermark (the minimum of the workers' ``w
 has passed its end plus the lateness (:func:`operators.windows.closable_windows`). Then, per
 window: close it and read the partials (one MULTI), merge and take the top-k (pure), finalize
 (one guarded Lua script: result, top-k, partials freed, ``windows:final``), and publish its
-record to ``results`` (``windows:published`` once Kafka acknowledged it); with
-``keep_results_s``, check it against the truth and let its keys expire. A crash anywhere
-leaves a state the next pass completes without doing anything twice
-(docs/design.md#closing-a-window). Records of ``results``: :func:`result_records`.
+records to ``results`` in one Kafka transaction (``windows:published`` once it committed; a
+restarted aggregator first marks what the topic holds); with ``keep_results_s``, check it
+against the truth and let its keys expire. A crash anywhere leaves a state the next pass
+completes without doing anything twice (docs/design.md#closing-a-window). Records of
+``results``: :func:`result_records`, or a query's rows, one per (key, window)
+(:func:`query_rows`).
 
 Example (the records of one window):
     >>> [(key, json.loads(value)["counts"]) for key, value in result_records(
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,9 +32,12 @@ import numpy as np
 from operators.aggregates import StateField, merge_maps
 from operators.windows import closable_windows, merge_partials, state_entries, top_k
 from pipeline.io.extractors import format_amount
+from pipeline.io.query.job import Job, output_row
+from pipeline.io.query.parse import parse_query
 from pipeline.io.records import END_OF_STREAM
 from pipeline.io.state_store import StateStore, key_text
 from pipeline.observe.timeline import TimelineSampler
+from pipeline.stages import user_topic
 
 #: Keys per ``results`` record: ~40 bytes each keeps a record well under Kafka's 1 MiB default.
 KEYS_PER_RECORD = 20_000
@@ -106,6 +111,24 @@ def result_records(
     return out
 
 
+def query_rows(
+    job: Job,
+    window: int,
+    counts: Mapping[bytes, int],
+    fields: Sequence[Mapping[bytes, int]],
+) -> list[tuple[bytes, bytes]]:
+    """``(kafka key, JSON row)`` per key of a window of a query's run, in key order: the
+    query's output columns as it names them (:func:`pipeline.io.query.job.output_row`;
+    ``fields``: each of :attr:`Job.state_fields`' final values per key)."""
+    return [
+        (
+            str(window).encode(),
+            json.dumps(output_row(job, window, key_text(key), count, fields)).encode(),
+        )
+        for key, count in sorted(counts.items())
+    ]
+
+
 class Aggregator:
     """One pass at a time over the run's windows (:meth:`step`), or a loop (:meth:`run`).
 
@@ -123,6 +146,24 @@ class Aggregator:
         self.store = store
         self.options = options
         self.publish = publish
+        self._job: Job | None = None
+
+    def resume(self, published: Collection[int]) -> None:
+        """Mark final windows whose records ``results`` holds already as published: an
+        aggregator killed after Kafka committed a window's transaction and before Redis heard
+        of it does not publish the window twice."""
+        for window in self.store.unpublished_windows():
+            if window in published:
+                self.store.mark_published(window)
+
+    def job(self) -> Job | None:
+        """The run's query, once its grouping stage has recorded how it reads its topic (it
+        has by the time any window is final); None for a run without one."""
+        if self._job is None:
+            found = user_topic.recorded(self.store.client, self.store.keys.run_id)
+            if found is not None and found[0].query:
+                self._job = parse_query(found[0].query)
+        return self._job
 
     def check_config(self) -> None:
         """The workers' window length must be ours (they record it; see worker_job.prepare)."""
@@ -160,14 +201,22 @@ class Aggregator:
             if self.store.finalize_window(window, workers, merged, top, entries, fields):
                 summary.finalized.append(window)
         for window in self.store.unpublished_windows():
-            records = result_records(
-                self.options.run_id,
-                window,
-                self.options.window_ms,
-                self.store.result(window),
-                self.store.topk(window),
-                fields=list(zip(declared_fields, self.store.result_fields(window), strict=True)),
-            )
+            job = self.job()
+            if job is not None:
+                records = query_rows(
+                    job, window, self.store.result(window), self.store.result_fields(window)
+                )
+            else:
+                records = result_records(
+                    self.options.run_id,
+                    window,
+                    self.options.window_ms,
+                    self.store.result(window),
+                    self.store.topk(window),
+                    fields=list(
+                        zip(declared_fields, self.store.result_fields(window), strict=True)
+                    ),
+                )
             self.publish(records)
             self.store.mark_published(window)
             summary.published.append(window)
@@ -208,26 +257,50 @@ class Aggregator:
 
 
 class KafkaPublisher:
-    """Publishes result records to a topic and waits for Kafka's acknowledgement."""
+    """Publishes a window's result records to a topic in one Kafka transaction, and returns
+    once it committed (RuntimeError with one line if it cannot)."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    #: Attempts of one window's transaction the broker aborts before the aggregator gives up.
+    ATTEMPTS = 5
+
+    def __init__(self, bootstrap: str, topic: str, transactional_id: str) -> None:
         from confluent_kafka import Producer
 
         from pipeline.io import kafka_io
 
+        self.bootstrap = bootstrap
         self.topic = topic
-        self._producer = Producer(kafka_io.producer_config(bootstrap, **{"linger.ms": 5}))
+        config = kafka_io.transactional_producer_config(
+            bootstrap, transactional_id, **{"linger.ms": 5}
+        )
+        self._producer = Producer(config)
+        # Fences an aggregator before this one, and aborts a transaction it left open.
+        self._producer.init_transactions(60)
+
+    def published_windows(self) -> set[int]:
+        """The windows whose records the topic holds, committed."""
+        from pipeline.io import kafka_io
+
+        return {
+            int(record.key or b"-1") for record in kafka_io.read_topic(self.bootstrap, self.topic)
+        }
 
     def __call__(self, records: list[tuple[bytes, bytes]]) -> None:
-        failures: list[str] = []
+        from confluent_kafka import KafkaException
 
-        def on_delivery(error: object, _message: object) -> None:
-            if error is not None:
-                failures.append(str(error))
+        from pipeline.io import kafka_io
 
-        for key, value in records:
-            self._producer.produce(self.topic, key=key, value=value, on_delivery=on_delivery)
-        if self._producer.flush(60) != 0 or failures:
-            raise RuntimeError(
-                f"results not acknowledged by Kafka: {failures[0] if failures else 'timeout'}"
-            )
+        producer = self._producer
+        for _attempt in range(self.ATTEMPTS):
+            try:
+                producer.begin_transaction()
+                for key, value in records:
+                    kafka_io.produce_blocking(producer, self.topic, value, key, 0)
+                kafka_io.commit_transaction(producer)
+                return
+            except KafkaException as exception:
+                error = exception.args[0]
+                if error.fatal() or not error.txn_requires_abort():
+                    raise RuntimeError(f"results not committed by Kafka: {error.str()}") from None
+                producer.abort_transaction(60)
+        raise RuntimeError(f"results not committed by Kafka: aborted {self.ATTEMPTS} times")

@@ -255,7 +255,7 @@ class SourceCheckpoint:
                 self._count(output, messages, first, last)
             if offsets:
                 self._send_offsets(last + 1, watermark, table_version)
-            self._commit()
+            kafka_io.commit_transaction(producer, attempts=11)
         except KafkaException as exception:
             self._abort(exception.args[0], first, bool(messages))
             return False
@@ -319,18 +319,6 @@ class SourceCheckpoint:
         self, topic: str, value: bytes, key: bytes | None, partition: int
     ) -> None:
         kafka_io.produce_blocking(self._producer, topic, value, key, partition)
-
-    def _commit(self) -> None:
-        from confluent_kafka import KafkaException
-
-        for _attempt in range(10):
-            try:
-                self._producer.commit_transaction(60)
-                return
-            except KafkaException as exception:
-                if not exception.args[0].retriable():
-                    raise
-        self._producer.commit_transaction(60)
 
     def _count(self, output: BatchOutput, messages: list[Any], first: int, last: int) -> None:
         """Add this batch's counts to Redis, skipping records counted before a crash."""

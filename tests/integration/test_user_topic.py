@@ -280,6 +280,8 @@ class Outcome:
     late_topic: int
     dead_letter_reasons: Counter[str]
     cli_verify: str | None = None
+    #: A query's run: the rows its aggregator published to ``results``.
+    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def run_on_topic(
@@ -297,6 +299,21 @@ def run_on_topic(
         result_fields = {w: store.result_fields(w) for w in store.final_windows()}
         names = plan.names
         late_topic = len(kafka_io.read_topic(settings.kafka_bootstrap, names.late_topic))
+        rows = [
+            json.loads(record.value or b"")
+            for record in kafka_io.read_topic(settings.kafka_bootstrap, names.results_topic)
+        ]
+        if plan.query:  # skewer report shows the query's top rows too
+            report = subprocess.run(
+                [sys.executable, "-m", "pipeline.cli", "report", "--run-id", plan.run_id,
+                 "--out", str(settings.run_dir / "reports" / f"{plan.run_id}.png")],
+                capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+            assert report.returncode == 0, report.stderr[-2000:]
+            lines = report.stdout.splitlines()
+            assert lines[1] == "top keys of the last window, as the query names its columns:"
+            assert lines[2].split() == ["user", "device", "start", "hits", "bytes", "least",
+                                        "most", "mean", "sized"]  # fmt: skip
         dead = Counter(
             json.loads(r.value or b"{}")["reason"]
             for r in kafka_io.read_topic(settings.kafka_bootstrap, names.dead_letters_topic)
@@ -319,7 +336,16 @@ def run_on_topic(
             )
             assert done.returncode == 0, done.stdout + done.stderr[-2000:]
             verified = done.stdout
-    return Outcome(plan, summary, results, result_fields, late_topic, dead, verified)
+    return Outcome(
+        plan,
+        summary,
+        results,
+        result_fields,
+        late_topic,
+        dead,
+        verified,
+        rows if plan.query else [],
+    )
 
 
 def plans_for(
@@ -373,21 +399,57 @@ def check(outcome: Outcome, expected: Expected) -> None:
     assert counted + left_out == RECORDS
     if outcome.plan.query:
         # The summary's top keys of the last window, as the query names its columns.
-        rows, last = summary.top_rows, max(expected.counts)
-        columns = ["user", "device", "start", "hits", "bytes", "least", "most", "mean", "sized"]
-        assert rows and list(rows[0]) == columns
-        for row in rows:
-            key = json.dumps([row["user"], row["device"]]).replace(", ", ",").encode()
-            amounts = expected.amounts[last][key]
-            assert row["hits"] == expected.counts[last][key]
-            assert row["sized"] == len(amounts)
-            assert row["bytes"] == (format_amount(sum(amounts)) if amounts else None)
-            assert row["least"] == (format_amount(min(amounts)) if amounts else None)
-            assert row["most"] == (format_amount(max(amounts)) if amounts else None)
-            if amounts:  # exact, to Spark's ten places of an average of DECIMAL(p, 6)
-                mean = Decimal(sum(amounts)) / len(amounts) / 10**6
-                assert Decimal(row["mean"]) == mean.quantize(Decimal("1e-10"), ROUND_HALF_UP)
+        assert summary.top_rows
+        for row in summary.top_rows:
+            check_row(row, expected)
         assert "top keys of the last window" in "\n".join(summary.lines())
+        # RUN-results: one row per (key, window), the query's columns.
+        pairs = {(w, k) for w, by_key in expected.counts.items() for k in by_key}
+        assert len(outcome.rows) == len(pairs)
+        for row in outcome.rows:
+            check_row(row, expected)
+        assert {(row_window(row), row_key(row)) for row in outcome.rows} == pairs
+
+
+def kill_the_aggregator_once_it_published(pipeline: Any) -> None:
+    """kill -9 the aggregator once it has published a window, and start it again: each
+    (key, window) row must still be in ``results`` once (:func:`check`)."""
+    store = pipeline.store
+    deadline = time.monotonic() + 600  # bounds a hang only
+    while not store.client.scard(store.keys.windows_published):
+        pipeline.check()
+        assert time.monotonic() < deadline, "the aggregator published no window"
+        time.sleep(0.05)
+    pipeline.kill("aggregate")
+    pipeline.start("aggregate")
+
+
+def row_key(row: dict[str, Any]) -> bytes:
+    """The key of one of :data:`JSON_QUERY`'s rows: the JSON array of user and device."""
+    return json.dumps([row["user"], row["device"]]).replace(", ", ",").encode()
+
+
+def row_window(row: dict[str, Any]) -> int:
+    return round(datetime.fromisoformat(row["start"].replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def check_row(row: dict[str, Any], expected: Expected) -> None:
+    """One of :data:`JSON_QUERY`'s rows: its columns as the query names them, each value
+    what ``expected`` gives its (key, window), NULLs as null."""
+    columns = ["user", "device", "start", "hits", "bytes", "least", "most", "mean", "sized"]
+    assert list(row) == columns
+    window, key = row_window(row), row_key(row)
+    amounts = expected.amounts[window][key]
+    assert row["hits"] == expected.counts[window][key]
+    assert row["sized"] == len(amounts)
+    assert row["bytes"] == (format_amount(sum(amounts)) if amounts else None)
+    assert row["least"] == (format_amount(min(amounts)) if amounts else None)
+    assert row["most"] == (format_amount(max(amounts)) if amounts else None)
+    if amounts:  # exact, to Spark's ten places of an average of DECIMAL(p, 6)
+        mean = Decimal(sum(amounts)) / len(amounts) / 10**6
+        assert Decimal(row["mean"]) == mean.quantize(Decimal("1e-10"), ROUND_HALF_UP)
+    else:
+        assert row["mean"] is None
 
 
 def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(
@@ -421,7 +483,8 @@ def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(
         mixed_query=JSON_QUERY.format(topic=topic),
     )
     # The query under hashing too: its results must not depend on the scheme, whether it
-    # keeps each key on one worker or migrates keys between them.
+    # keeps each key on one worker or migrates keys between them, nor on a kill -9 of its
+    # aggregator.
     mixed = next(plan for plan in plans if plan.query)
     plans.append(
         dataclasses.replace(mixed, scheme="key", run_id=f"own-json-key-{new_run_id()[5:]}")
@@ -429,7 +492,14 @@ def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(
     with ThreadPoolExecutor(len(plans)) as pool:
         outcomes = list(
             pool.map(
-                lambda p: run_on_topic(settings, spark, p, cli_verify=p.scheme == "pkg"), plans
+                lambda p: run_on_topic(
+                    settings,
+                    spark,
+                    p,
+                    cli_verify=p.scheme == "pkg",
+                    during=kill_the_aggregator_once_it_published if p.scheme == "key" else None,
+                ),
+                plans,
             )
         )
     for outcome in outcomes:

@@ -226,11 +226,18 @@ def test_workers_and_aggregator_count_exactly(
     aggregator = Aggregator(
         store,
         AggregateOptions(workers=WORKERS, top_k=3, run_id=run_names.run_id, until_end=True),
-        KafkaPublisher(kafka, run_names.results_topic),
+        KafkaPublisher(kafka, run_names.results_topic, run_names.aggregate_transactional_id),
     )
     total = aggregator.run(poll_seconds=0.05)
     assert total.finished and total.finalized == written.windows
     assert_exact(store, written)
+    # An aggregator started again after Kafka committed its windows and Redis forgot it did
+    # (killed in between) finds them in the topic and publishes none twice.
+    store.client.delete(store.keys.windows_published)
+    again = KafkaPublisher(kafka, run_names.results_topic, run_names.aggregate_transactional_id)
+    assert again.published_windows() == set(written.windows)
+    Aggregator(store, aggregator.options, again).resume(again.published_windows())
+    assert store.unpublished_windows() == []
 
     results = read_results(kafka, run_names.results_topic, len(written.windows))
     assert sorted(r["window"] for r in results) == written.windows
