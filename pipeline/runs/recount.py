@@ -24,10 +24,11 @@ Example (a report with one difference):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -35,9 +36,12 @@ import pyarrow as pa
 from pipeline.io import kafka_io, kafka_security, records
 from pipeline.io.extractors import Extractor, format_amount
 from pipeline.io.grouping_store import GroupingStore
-from pipeline.io.query.job import Predicate
+from pipeline.io.query.job import Column, Predicate
+from pipeline.io.query.parse import parse_query
 from pipeline.io.query.predicate import kept
 from pipeline.io.state_store import Differences, mismatch_rows
+from pipeline.runs import query_check
+from pipeline.runs.query_check import RowComparison
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -83,6 +87,9 @@ class RecountVerification:
     #: Runs with a query's WHERE: records it left out in the recount, and in the run.
     filtered: int = 0
     run_filtered: int = 0
+    #: A query's run: its rows against the query's own text run on Spark SQL
+    #: (:mod:`pipeline.runs.query_check`); None without a query.
+    rows: RowComparison | None = None
 
     @property
     def exact(self) -> bool:
@@ -93,6 +100,7 @@ class RecountVerification:
             and self.late == self.run_late
             and self.invalid == self.run_dead_letters
             and self.filtered == self.run_filtered
+            and (self.rows is None or (self.rows.mismatch_count == 0 and self.rows.compared > 0))
         )
 
     def as_dict(self) -> dict[str, object]:
@@ -113,6 +121,7 @@ class RecountVerification:
             "mismatches": mismatch_rows(self.mismatches, "recount"),
             "fields_compared": self.fields_compared,
             "field_mismatch_count": self.field_mismatch_count,
+            "rows": None if self.rows is None else vars(self.rows),
             "field_mismatches": [
                 {
                     "field": name,
@@ -150,6 +159,12 @@ class RecountVerification:
                 f"result {_shown(got)}"
                 for name, window, key, expected, got in self.field_mismatches
             ]
+        if self.rows is not None:
+            out.append(
+                f"  query rows: {self.rows.compared:,} compared with the query run on Spark SQL, "
+                f"{self.rows.mismatch_count} on one side only"
+            )
+            out += [f"  {row}" for row in self.rows.mismatches]
         if self.missing_windows:
             out.append(f"  windows not final: {self.missing_windows[:10]}")
         out.append(
@@ -177,12 +192,15 @@ class ExtractWindows:
     #: The columns of the run's state fields (None: ``--sum``'s amount), each yielded as
     #: :func:`recount_column` names it, NULL where a record has no value.
     columns: tuple[str | None, ...] = ()
+    #: A query's columns, yielded under their names for Spark SQL (:mod:`.query_check`).
+    view: tuple[Column, ...] = ()
 
     @property
     def schema(self) -> str:
         """The Spark schema of what :meth:`__call__` yields."""
         extra = "".join(f", {recount_column(i)} long" for i in range(len(self.columns)))
-        return RECOUNT_SCHEMA + extra
+        view = f", {query_check.view_schema(self.view)}" if self.view else ""
+        return RECOUNT_SCHEMA + extra + view
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
@@ -202,6 +220,12 @@ class ExtractWindows:
             if None in self.columns:
                 read[None] = (extracted.amount_micros, valid)
             values = [pa.array(read[c][0], pa.int64(), mask=~read[c][1]) for c in self.columns]
+            view_names: list[str] = []
+            if self.view:
+                view_names, view_arrays = query_check.view_arrays(
+                    self.view, extracted.columns, extracted.event_time_ms
+                )
+                values += view_arrays
             yield pa.RecordBatch.from_arrays(
                 [
                     batch.column("partition"),
@@ -220,6 +244,7 @@ class ExtractWindows:
                     "valid",
                     "passed",
                     *(recount_column(i) for i in range(len(self.columns))),
+                    *view_names,
                 ],
             )
 
@@ -281,13 +306,19 @@ def recount(
     from pyspark.sql import functions
 
     topic, fields = user_topic.topic, user_topic.state_fields
+    job = parse_query(user_topic.query) if user_topic.query else None
     if not any(ends.values()):
-        return Recount({}, [{} for _ in fields], 0, 0, 0, 0)
+        return Recount({}, [{} for _ in fields], 0, 0, 0, 0, [] if job else None)
+    view = () if job is None else tuple(c for c in job.columns if c.spec.source != "kafka-key")
+    extractor = user_topic.extractor
+    if view:  # the extractor reads every column the query names, for Spark SQL
+        extractor = dataclasses.replace(extractor, columns=view)
     extract = ExtractWindows(
-        user_topic.extractor,
+        extractor,
         user_topic.window_ms,
         user_topic.where,
         tuple(dict.fromkeys(f.column for f in fields)),
+        view,
     )
     frame = (
         spark.read.format("kafka")
@@ -334,8 +365,15 @@ def recount(
             if row[f"field_{i}"] is not None:  # SQL's NULL: no value
                 per_window.setdefault(window, {})[key] = int(row[f"field_{i}"])
         total += int(row["count"])
+    sql_rows = None
+    if job is not None:
+        # The query itself on Spark SQL, over every readable record but the late ones: its
+        # WHERE, windows and aggregates are Spark's.
+        readable = frame.filter("valid").join(late_frame, ["partition", "offset"], "left_anti")
+        readable.createOrReplaceTempView(query_check.VIEW)
+        sql_rows = [tuple(row) for row in spark.sql(query_check.spark_sql_text(job)).collect()]
     frame.unpersist()
-    return Recount(counts, values, total, left_out, invalid, filtered)
+    return Recount(counts, values, total, left_out, invalid, filtered, sql_rows)
 
 
 def verify_recount(
@@ -392,7 +430,28 @@ def verify_recount(
         field_mismatch_count=sum(diff.count for diff in field_diffs),
         filtered=recounted.filtered,
         run_filtered=sum(counters.filtered_per_source().values()),
+        rows=None
+        if recounted.sql_rows is None
+        else _compare_rows(store, user_topic, final, recounted.sql_rows),
     )
+
+
+def _compare_rows(
+    store: StateStore, user_topic: UserTopic, final: set[int], sql_rows: list[tuple[Any, ...]]
+) -> RowComparison:
+    """The run's rows of every final window (as its aggregator publishes them) against the
+    query's own on Spark SQL."""
+    from pipeline.io.query.job import output_row
+    from pipeline.io.state_store import key_text
+
+    job = parse_query(user_topic.query or "")
+    ours = [
+        output_row(job, window, key_text(key), count, fields)
+        for window in sorted(final)
+        for fields in [store.result_fields(window)]
+        for key, count in sorted(store.result(window).items())
+    ]
+    return query_check.compare_rows(job, ours, sql_rows)
 
 
 class Recount(NamedTuple):
@@ -406,3 +465,5 @@ class Recount(NamedTuple):
     late: int
     invalid: int
     filtered: int
+    #: A query's run: the rows of the query's own text on Spark SQL, else None.
+    sql_rows: list[tuple[Any, ...]] | None = None

@@ -409,6 +409,8 @@ def check(outcome: Outcome, expected: Expected) -> None:
         for row in outcome.rows:
             check_row(row, expected)
         assert {(row_window(row), row_key(row)) for row in outcome.rows} == pairs
+        # --verify ran the query's own text on Spark SQL and found every row alike.
+        assert verification.rows is not None and verification.rows.compared == len(pairs)
 
 
 def kill_the_aggregator_once_it_published(pipeline: Any) -> None:
