@@ -121,6 +121,13 @@ def declaration(fields: Sequence[StateField]) -> str:
     return json.dumps([[f.name, f.part] for f in fields], separators=(",", ":"))
 
 
+def declared_fields(client: redis_module.Redis, keys: RunKeys) -> tuple[StateField, ...]:
+    """The state fields a run's workers declared (:func:`declaration`; none before a first
+    apply declares them; a field's column is not recorded)."""
+    raw = client.hget(keys.config, "fields")
+    return () if raw is None else tuple(StateField(n, p, None) for n, p in json.loads(raw))
+
+
 def add_once(
     client: redis_module.Redis,
     marker: str,
@@ -330,10 +337,7 @@ class StateStore:
         return sorted(int(w) for w in self.client.smembers(self.keys.windows_open))
 
     def declared_fields(self) -> tuple[StateField, ...]:
-        """The state fields the run's workers declared (none before a first apply declares
-        them; a state field's column is not recorded)."""
-        raw = self.client.hget(self.keys.config, "fields")
-        return () if raw is None else tuple(StateField(n, p, None) for n, p in json.loads(raw))
+        return declared_fields(self.client, self.keys)
 
     def close_window(self, window: int, n_workers: int) -> WindowPartials:
         """Freeze a window (later records of it count as late) and read every worker's partial

@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -40,6 +41,7 @@ from prometheus_client.utils import floatToGoString
 
 from operators.metrics import BUCKETS_PER_DECADE, bucket_upper_ms, load_figures
 from pipeline.io.redis_layout import RunKeys
+from pipeline.io.state_store import declared_fields
 from pipeline.observe.series import RunLabels, ScrapeErrors, metric_family
 
 if TYPE_CHECKING:
@@ -136,6 +138,8 @@ class WorkerStats:
     held: list[int]
     latency: list[dict[int, int]]
     state_entries: list[int]
+    #: Per state field (its name), the worker's values in open windows.
+    field_entries: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
 
 def read_worker_stats(client: redis_module.Redis, keys: RunKeys, n_workers: int) -> WorkerStats:
@@ -158,16 +162,25 @@ def read_worker_stats(client: redis_module.Redis, keys: RunKeys, n_workers: int)
         for raw in replies[len(names) : len(names) + n_workers]
     ]
     windows = sorted(int(w) for w in replies[-1])
+    fields = declared_fields(client, keys)
     state_entries = [0] * n_workers
+    field_entries = {f.name: [0] * n_workers for f in fields}
     if windows:
         pipe = client.pipeline(transaction=False)
         for worker in workers:
             for window in windows:
                 pipe.hlen(keys.state(worker, window))
-        sizes = pipe.execute()
+                for index in range(len(fields)):
+                    pipe.hlen(keys.field(index, worker, window))
+        sizes = iter(pipe.execute())
         for worker in workers:
-            state_entries[worker] = sum(sizes[worker * len(windows) : (worker + 1) * len(windows)])
-    return WorkerStats(latency=latency, state_entries=state_entries, **counters)
+            for _window in windows:
+                state_entries[worker] += next(sizes)
+                for declared in fields:
+                    field_entries[declared.name][worker] += next(sizes)
+    return WorkerStats(
+        latency=latency, state_entries=state_entries, field_entries=field_entries, **counters
+    )
 
 
 def worker_families(
@@ -189,6 +202,12 @@ def worker_families(
         family = metric_family(name, labels)
         for worker, value in enumerate(values):
             family.add_metric(labels.values(worker), value)
+        out.append(family)
+    if stats.field_entries:
+        family = metric_family("skewer_worker_field_entries", labels)
+        for field_name, values in stats.field_entries.items():
+            for worker, value in enumerate(values):
+                family.add_metric([*labels.values(worker), field_name], value)
         out.append(family)
     latency = metric_family("skewer_worker_latency_seconds", labels)
     for worker, histogram in enumerate(stats.latency):

@@ -578,6 +578,7 @@ class Pipeline:
             late_records=sum(counters.late_per_source().values()),
             filtered_records=sum(counters.filtered_per_source().values()),
             top_rows=top_rows(self.store, self.plan.query),
+            state_fields=[f.name for f in self.store.declared_fields()],
             dead_letter_reasons=dead,
             stages={name: p.output() for name, p in self.stages.items()},
             restarts={name: p.starts - 1 for name, p in self.stages.items() if p.starts > 1},

@@ -61,6 +61,8 @@ class RunSummary:
     #: A query's run: the last final window's top keys, one row each, named as the query names
     #: its columns (:func:`pipeline.io.query.job.output_row`).
     top_rows: list[dict[str, Any]] = field(default_factory=list)
+    #: The state fields the workers kept per (key, window) besides the count, an int64 each.
+    state_fields: list[str] = field(default_factory=list)
     #: p50/p99 of the records applied after the first 20 % of the run's records were
     #: (:func:`pipeline.runs.latency.steady_histogram`): the pipeline once warm.
     latency_steady_p50_ms: float | None = None
@@ -115,6 +117,7 @@ class RunSummary:
             "late_records": self.late_records,
             "filtered_records": self.filtered_records,
             "top_rows": self.top_rows,
+            "state_fields": self.state_fields,
             "per_worker": self.per_worker,
             "latency_p50_ms_per_worker": self.latency_p50_per_worker,
             "latency_p99_ms_per_worker": self.latency_p99_per_worker,
@@ -173,6 +176,12 @@ class RunSummary:
                 f"migrations: {len(self.migrations)}; {moved:,} key(s) and {entries:,} state "
                 f"entries moved, {held:,} record(s) held back for at most {hold:.2f} s; "
                 f"longest migration {longest:.2f} s"
+            )
+        if self.state_fields:
+            out.append(
+                f"state per (key, window) on each worker that holds the key: the count and "
+                f"{', '.join(self.state_fields)}, {8 * (1 + len(self.state_fields))} bytes of "
+                "int64 values (Prometheus: skewer_worker_field_entries)"
             )
         out += top_row_lines(self.top_rows)
         return out

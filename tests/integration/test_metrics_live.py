@@ -278,6 +278,10 @@ def test_worker_and_aggregator_collectors_read_the_runs_redis_state(
     redis.hset(keys.state(0, 0), mapping={b"a": 1, b"b": 2})
     redis.hset(keys.state(0, 10_000), mapping={b"a": 1})
     redis.hset(keys.state(2, 0), mapping={b"c": 5})
+    # A query's two state fields: worker 0 keeps both for "a" in window 0, one for "b".
+    redis.hset(keys.config, "fields", '[["count(ms)","count"],["max(ms)","max"]]')
+    redis.hset(keys.field(0, 0, 0), mapping={b"a": 1, b"b": 0})
+    redis.hset(keys.field(1, 0, 0), mapping={b"a": 7})
     totals = {"windows": 2, "records": 50, "state_entries": 9, "distinct_keys": 6}
     redis.hset(keys.stats("windows"), mapping=totals)
     redis.mset({keys.wm(0): 19_999, keys.wm(1): 29_999, keys.wm(2): 9_999})
@@ -291,6 +295,9 @@ def test_worker_and_aggregator_collectors_read_the_runs_redis_state(
         assert [got[("skewer_worker_late_records_total", w[i])] for i in range(3)] == [0, 0, 3]
         assert [got[("skewer_worker_held_records_total", w[i])] for i in range(3)] == [0, 6, 0]
         assert [got[("skewer_worker_state_entries", w[i])] for i in range(3)] == [3, 0, 1]
+        entries = "skewer_worker_field_entries"
+        assert [got[(entries, (("field", "count(ms)"),) + w[i])] for i in range(3)] == [2, 0, 0]
+        assert [got[(entries, (("field", "max(ms)"),) + w[i])] for i in range(3)] == [1, 0, 0]
         assert [got[("skewer_worker_lag_records", w[i])] for i in range(3)] == [0, 2, 1]
         bucket = "skewer_worker_latency_seconds_bucket"
         assert got[(bucket, (("le", "0.01779"), ("worker", "0")))] == 40

@@ -385,6 +385,8 @@ def check(outcome: Outcome, expected: Expected) -> None:
     assert outcome.results == {w: dict(c) for w, c in expected.counts.items()}
     if outcome.plan.query:
         assert outcome.result_fields == expected.fields(JSON_QUERY_PARTS)
+        assert summary.state_fields == [f"{part}(bytes)" for part in JSON_QUERY_PARTS]
+        assert "state per (key, window)" in "\n".join(summary.lines())
     elif outcome.plan.sum is not None:
         assert outcome.result_fields == expected.fields(["sum"])
     else:

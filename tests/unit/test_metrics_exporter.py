@@ -100,6 +100,7 @@ def test_every_contract_series_is_defined_once_with_run_and_scheme() -> None:
         "skewer_worker_latency_seconds": ("worker",),
         "skewer_worker_lag_records": ("worker",),
         "skewer_worker_state_entries": ("worker",),
+        "skewer_worker_field_entries": ("worker", "field"),
         "skewer_worker_held_records_total": ("worker",),
         "skewer_worker_late_records_total": ("worker",),
         "skewer_worker_rejected_total": ("worker",),
