@@ -308,11 +308,12 @@ class StateStore:
         for name, value in values.items():
             pipe.hsetnx(self.keys.config, name, value)
         pipe.hgetall(self.keys.config)
-        recorded = {k.decode(): int(v) for k, v in pipe.execute()[-1].items()}
+        # Only the settings asked about: ``fields`` is JSON (:func:`declaration`).
+        recorded = {k.decode(): v for k, v in pipe.execute()[-1].items()}
         return {
-            name: (recorded[name], value)
+            name: (int(recorded[name]), value)
             for name, value in values.items()
-            if name in recorded and recorded[name] != value
+            if name in recorded and int(recorded[name]) != value
         }
 
     def any_applied(self, n_workers: int) -> bool:

@@ -370,6 +370,10 @@ def recount(
         # The query itself on Spark SQL, over every readable record but the late ones: its
         # WHERE, windows and aggregates are Spark's.
         readable = frame.filter("valid").join(late_frame, ["partition", "offset"], "left_anti")
+        # Only the query's columns: the recount's own (``window`` among them) would shadow
+        # the query's names.
+        names = [query_check.EVENT_TIME, *(c.name for c in view)]
+        readable = readable.select(*(functions.col(f"`{name}`") for name in names))
         readable.createOrReplaceTempView(query_check.VIEW)
         sql_rows = [tuple(row) for row in spark.sql(query_check.spark_sql_text(job)).collect()]
     frame.unpersist()

@@ -331,6 +331,10 @@ def test_kept_results_expire_once_checked_and_verify_adds_up_the_checks(
 
 def test_config_mismatch_is_refused(store: StateStore) -> None:
     assert store.claim_config(window_ms=10_000, workers=4) == {}
+    # A run's declared state fields sit beside its settings (an aggregator started again
+    # after the first apply declared them reads the settings still).
+    store.apply(batch(0, 0, {(0, b"a"): 1}, fields=[(SUMS, {(0, b"a"): 1})]), n_sources=1)
+    assert store.claim_config(window_ms=10_000, workers=4) == {}
     assert store.claim_config(window_ms=5_000, workers=4) == {"window_ms": (10_000, 5_000)}
     aggregator = Aggregator(
         store, AggregateOptions(workers=4, window_ms=5_000, run_id="x"), lambda _: None
