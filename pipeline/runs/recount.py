@@ -37,7 +37,6 @@ from pipeline.io import kafka_io, kafka_security, records
 from pipeline.io.extractors import Extractor, format_amount
 from pipeline.io.grouping_store import GroupingStore
 from pipeline.io.query.job import Column, Predicate
-from pipeline.io.query.parse import parse_query
 from pipeline.io.query.predicate import kept
 from pipeline.io.state_store import Differences, mismatch_rows
 from pipeline.runs import query_check
@@ -306,7 +305,7 @@ def recount(
     from pyspark.sql import functions
 
     topic, fields = user_topic.topic, user_topic.state_fields
-    job = parse_query(user_topic.query) if user_topic.query else None
+    job = user_topic.job
     if not any(ends.values()):
         return Recount({}, [{} for _ in fields], 0, 0, 0, 0, [] if job else None)
     view = () if job is None else tuple(c for c in job.columns if c.spec.source != "kafka-key")
@@ -448,7 +447,8 @@ def _compare_rows(
     from pipeline.io.query.job import output_row
     from pipeline.io.state_store import key_text
 
-    job = parse_query(user_topic.query or "")
+    job = user_topic.job
+    assert job is not None  # a query's run
     ours = [
         output_row(job, window, key_text(key), count, fields)
         for window in sorted(final)

@@ -33,7 +33,6 @@ from operators.aggregates import StateField, merge_maps
 from operators.windows import closable_windows, merge_partials, state_entries, top_k
 from pipeline.io.extractors import format_amount
 from pipeline.io.query.job import Job, output_row
-from pipeline.io.query.parse import parse_query
 from pipeline.io.records import END_OF_STREAM
 from pipeline.io.state_store import StateStore, key_text
 from pipeline.observe.timeline import TimelineSampler
@@ -161,8 +160,8 @@ class Aggregator:
         has by the time any window is final); None for a run without one."""
         if self._job is None:
             found = user_topic.recorded(self.store.client, self.store.keys.run_id)
-            if found is not None and found[0].query:
-                self._job = parse_query(found[0].query)
+            if found is not None:
+                self._job = found[0].job
         return self._job
 
     def check_config(self) -> None:

@@ -37,7 +37,7 @@ from pipeline.io import extractors
 from pipeline.io.extractors import Extractor
 from pipeline.io.grouping_store import GroupingStore
 from pipeline.io.kafka_io import RunNames
-from pipeline.io.query.job import Column, Predicate
+from pipeline.io.query.job import Column, Job, Predicate
 from pipeline.io.query.parse import parse_query
 from pipeline.io.query.predicate import columns_read
 from pipeline.io.records import END_OF_STREAM, window_start
@@ -69,16 +69,21 @@ class UserTopic:
     query: str | None = None
 
     @functools.cached_property
+    def job(self) -> Job | None:
+        """The run's query, parsed once; None for a run given by flags."""
+        return None if not self.query else parse_query(self.query)
+
+    @property
     def where(self) -> Predicate | None:
         """The query's ``WHERE``, None without one."""
-        return None if not self.query else parse_query(self.query).where
+        return None if self.job is None else self.job.where
 
     @functools.cached_property
     def state_fields(self) -> tuple[StateField, ...]:
         """What the workers keep per (window, key) besides the count: the query's state fields
         (:attr:`pipeline.io.query.job.Job.state_fields`), or ``--sum``'s one sum, ``sums``."""
-        if self.query:
-            return parse_query(self.query).state_fields
+        if self.job is not None:
+            return self.job.state_fields
         if self.extractor.amount is not None:
             return (StateField("sums", "sum", None),)
         return ()
