@@ -520,6 +520,53 @@ def test_a_json_topic_written_by_kafkas_console_producer_is_grouped_exactly(
     assert cli.startswith("exact: every (key, window) count and state field equals the recount")
 
 
+#: What a query runs in Real-Time Mode: its WHERE, the grouping columns and count(*) (the
+#: writer in Spark's JVM keeps counts only).
+REAL_TIME_QUERY = (
+    "SELECT user, device, window.start, count(*) AS hits FROM `{topic}` "
+    "WHERE n >= 600 AND NOT user LIKE 'u1%' GROUP BY user, device, window(ts, '10 seconds')"
+)
+
+
+def test_a_query_on_a_json_topic_runs_exactly_in_real_time_mode(
+    settings: config.Settings, spark: Any, create_topic: Any, topic_name: str
+) -> None:
+    """The query's WHERE and compound key are the grouping stage's, so Real-Time Mode's
+    writers count what it routes: every (key, window) count equals what the test computes from
+    the stored records, and --verify's Spark SQL run of the query finds every row alike."""
+    from live_runs import REAL_TIME_FIELDS
+
+    from pipeline.runs.orchestrator import run_pipeline
+
+    topic = create_topic(topic_name, PARTITIONS)
+    console_produce(settings, topic, json_lines())
+    where = expected_from_topic(
+        settings.kafka_bootstrap, topic, parse_json_by_device, where=json_where
+    )
+    plan = RunPlan(
+        scheme="pkg",
+        records=RECORDS,
+        workers=WORKERS,
+        sources=PARTITIONS,
+        window_ms=WINDOW_MS,
+        input_topic=topic,
+        key="json:user",
+        time="json:ts:iso",
+        max_out_of_order_ms=BOUND_MS,
+        query=REAL_TIME_QUERY.format(topic=topic),
+        run_id=f"own-rt-{new_run_id()[5:]}",
+        **REAL_TIME_FIELDS,
+    )
+    summary = run_pipeline(plan, settings)
+    verification = summary.verification
+    assert verification.exact, "\n".join(verification.lines())
+    pairs = sum(len(by_key) for by_key in where.counts.values())
+    assert verification.rows is not None and verification.rows.compared == pairs
+    assert summary.records_processed == sum(sum(c.values()) for c in where.counts.values())
+    assert summary.filtered_records == where.filtered
+    assert summary.late_records == where.late > 0
+
+
 def test_a_bytes_topic_keyed_and_timed_by_kafka_is_grouped_exactly(
     settings: config.Settings, spark: Any, create_topic: Any, topic_name: str
 ) -> None:
