@@ -1,28 +1,26 @@
 """Your own topic: streams skewer did not write, grouped live and verified exactly.
 
-Two streams, each produced here by a plain client, never by skewer's producer:
+Two streams, each produced here by a plain client, never by skewer's producer: **JSON** by
+Apache Kafka's own console producer, keyed by a field ``user``, timed by an ISO-8601 ``ts``
+and summed by a decimal ``bytes`` (some amounts finer than the millionths kept), with records
+out of order within the bound (5 s), some far beyond it, and some unreadable (not JSON, no
+``user``, a ``ts`` that is no time, ``bytes`` that is no number); **plain bytes** keyed and
+timed by Kafka (confluent-kafka), with late records and records without a key, half of it
+written while the runs read it, which end at ``--ending-offsets``.
 
-- **JSON**, written by Apache Kafka's own console producer (a Java client: the jars of the
-  native broker, ``org.apache.kafka.tools.ConsoleProducer``), keyed by a string field
-  ``user``, timed by an ISO-8601 field ``ts``, and summed by a decimal field ``bytes``
-  (``--sum json:bytes``: a "bytes per user" job, some amounts finer than the millionths kept);
-  some records are out of order within the bound (5 s), some far beyond it, and some cannot
-  be read (not JSON, no ``user``, a ``ts`` that is no time, ``bytes`` that is no number);
-- **plain bytes** keyed by the Kafka key and timed by the Kafka timestamp (confluent-kafka
-  with explicit timestamps), again with records out of order, late ones, and records without
-  a key; half of it is written while the runs read it, which end at ``--ending-offsets``.
+Each stream runs under pkg and under mixed (the controller runs), reading what the topic holds;
+the JSON stream's mixed run is a query (``--query``) whose WHERE leaves out some records and
+whose sum, min, max, avg and count of ``bytes`` skip a record without a number there (SQL's
+NULL); the query runs in Real-Time Mode too. Every run must pass the Spark batch recount
+(every aggregate, and the query's own text on Spark SQL) and, independently, equal what is
+computed here from the records as the broker stored them; the late records and the dead
+letters must be exactly the ones injected, decided by the rule written out below.
 
-Each stream runs under pkg and under mixed (a routing-table scheme: the controller runs),
-reading what the topic holds (a bounded run); the JSON stream's mixed run is given as a query
-(``--query``) whose WHERE leaves out some of the records and whose sum, min, max, avg and
-count of ``bytes`` skip a record without a number there, as SQL skips a NULL. Every run must
-pass the Spark batch recount (``verify --recount``'s check, every aggregate included) and,
-independently, equal the counts (and aggregates) computed here from the records as the broker
-stored them; the late records and the dead letters must be exactly the ones injected, the late
-ones decided by the rule written out below, record by record.
+Then bad settings (one line, exit 2). The grouping stage alone on a user's topic:
+test_user_topic_stage.py.
 
-Then bad settings (one line, exit 2). The grouping stage alone on a user's topic (an idle
-partition, records deleted before they were read): test_user_topic_stage.py.
+Long because both streams' generators and their expected results are written out here, record
+by record, once for every run of them.
 """
 
 from __future__ import annotations
