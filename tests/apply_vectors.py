@@ -5,9 +5,12 @@ The ARGV is declared once (:data:`pipeline.io.redis_layout.APPLY_SCRIPT`) and bu
 sides: :meth:`pipeline.io.state_store.WorkerBatch.script_args` for a micro-batch, and the
 real-time writer's ``WorkBuffer.scriptArgs`` in the JVM. Both are checked on these vectors
 (``tests/unit/test_apply_vectors.py``, ``jvm/realtime-writer``'s ``ApplyArgsTest``), and the
-Lua script's state out by ``tests/integration/test_apply_vectors.py``. A micro-batch's ARGV
-guards with its batch id twice where the writer's has its rows' first and last offsets: the
-vectors hold the writer's; the Python check puts its batch id in their place.
+Lua script's state out by ``tests/integration/test_apply_script_vectors.py``. A micro-batch's
+ARGV guards with its batch id twice where the writer's has its rows' first and last offsets,
+and lists its (window, key) pairs in the order it grouped them where the writer's are in
+(window, key bytes) order; the script's effect depends on neither. The vectors hold the
+writer's; the Python check puts its pairs in that order and its batch id in the offsets'
+place.
 
 One line per item, tab-separated, bytes in hex:
 ``case NAME PREFIX WORKER SOURCES WINDOW_MS NOW_MS QUERY`` (QUERY ``-``: counts only, which
@@ -21,6 +24,7 @@ tests/apply_vectors.py redis://127.0.0.1:16379/0``.
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,7 +84,22 @@ def micro_batch_argv(case: Case) -> list[bytes]:
         n_sources=case.sources,
         fields=fields,
     )
-    return [_bytes(item) for item in batch.script_args(case.prefix, case.sources)]
+    return in_pair_order([_bytes(item) for item in batch.script_args(case.prefix, case.sources)])
+
+
+def in_pair_order(argv: list[bytes]) -> list[bytes]:
+    """``argv`` with its (window, key, count, field values) pairs in (window, key bytes)
+    order, the real-time writer's."""
+    declared = argv[5]
+    width = 3 + (len(json.loads(declared)) if declared else 0)
+    count, first = int(argv[6]), 7
+    pairs = [argv[first + i * width : first + (i + 1) * width] for i in range(count)]
+    pairs.sort(key=lambda pair: (int(pair[0]), pair[1]))
+    return [
+        *argv[:first],
+        *(item for pair in pairs for item in pair),
+        *argv[first + count * width :],
+    ]
 
 
 def _bytes(item: bytes | str | int) -> bytes:

@@ -133,6 +133,20 @@ def _kept(keys: KeyBatch, keep: np.ndarray) -> KeyBatch:
     )
 
 
+def values_and_mask(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """A column :meth:`Extractor.read_columns` read as int64 values (a number's millionths; 0
+    for a text, whose aggregates only count it, and for a NULL) and the mask of the records
+    that have a value.
+
+    >>> values_and_mask(pa.array([5, None], pa.int64()))
+    (array([5, 0]), array([ True, False]))
+    """
+    present = column.is_valid().to_numpy(zero_copy_only=False)
+    if not pa.types.is_integer(column.type):
+        return np.zeros(len(column), dtype=np.int64), present
+    return column.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64), present
+
+
 def _texts(data: np.ndarray, field: Field) -> tuple[KeyBatch, np.ndarray]:
     """A field's text per row, as keys read it (a JSON string or integer -- ``-0`` is ``0`` --
     or a CSV cell), empty where it has none; and the mask of rows that have one."""
@@ -299,14 +313,16 @@ class Extractor:
         fields: dict[FieldSpec, Field],
         kafka_keys: Values | None,
         decoded: np.ndarray,
+        columns: Sequence[Column] | None = None,
     ) -> dict[str, pa.Array]:
-        """Each query column as :mod:`pipeline.io.query.predicate` reads it: a number as int64
+        """Each query column (``columns``, by default :attr:`columns`) as
+        :mod:`pipeline.io.query.predicate` reads it: a number as int64
         millionths, a text as binary; null (SQL's NULL) where the record's value could not be
         decoded, has no such field, holds a JSON ``null`` or an empty CSV cell, or a value not
         of the column's kind (a text that is no number, a JSON float, boolean or container for
         a text)."""
         out: dict[str, pa.Array] = {}
-        for column in self.columns:
+        for column in self.columns if columns is None else columns:
             spec = column.spec
             if spec.source == "kafka-key":
                 if kafka_keys is None:
@@ -378,22 +394,14 @@ class Extractor:
 
     def aggregated_values(self, values: Values) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Each aggregated column's int64 values (a number's millionths; 0 for a text, whose
-        aggregates only count it) and the mask of the records that have one, not NULL (as
-        :meth:`read_columns` reads NULL): what a worker reads from the values it is handed."""
+        aggregates only count it) and the mask of the records that have one, not NULL, read as
+        :meth:`read_columns` reads them: what a worker reads from the values it is handed."""
         fmt = next(c.spec.source for c in self.aggregated)
         column, valid = binary_column(values)
         scan = json_scan.scan if fmt == "json" else csv_scan.scan
         fields, decoded = scan(column, valid, list(dict.fromkeys(c.spec for c in self.aggregated)))
-        out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for aggregated in self.aggregated:
-            if aggregated.kind == NUMBER:
-                micros, ok = field_amounts(column.data, fields[aggregated.spec])
-            else:
-                ok = _texts(column.data, fields[aggregated.spec])[1]
-                micros = np.zeros(ok.shape[0], dtype=np.int64)
-            ok = ok & decoded
-            out[aggregated.name] = np.where(ok, micros, 0), ok
-        return out
+        read = self.read_columns(column.data, fields, None, decoded, self.aggregated)
+        return {name: values_and_mask(array) for name, array in read.items()}
 
     def amounts(self, values: Values) -> tuple[np.ndarray, np.ndarray]:
         """Only the amounts (int64 millionths; 0 where missing) and a mask of the records that

@@ -90,11 +90,9 @@ class WorkerBatch:
             [value if has else "" for value, has in zip(v.tolist(), p.tolist(), strict=True)]
             for v, p in zip(self.values, self.present, strict=True)
         ]
-        windows, keys, counts = self.windows.tolist(), self.keys.to_list(), self.counts.tolist()
-        # In (window, key bytes) order, as the real-time writer sends them: one batch, one
-        # ARGV, whichever side built it (tests/vectors/apply_args.json).
-        for pair in sorted(range(len(keys)), key=lambda i: (windows[i], keys[i])):
-            args += (windows[pair], keys[pair], counts[pair])
+        pairs = zip(self.windows.tolist(), self.keys.to_list(), self.counts.tolist(), strict=True)
+        for pair, (window, key, count) in enumerate(pairs):
+            args += (window, key, count)
             args += [column[pair] for column in columns]
         args.append(len(self.source_watermarks))
         for source in sorted(self.source_watermarks):
@@ -263,6 +261,7 @@ class StateStore:
         self._apply = register_script(client, APPLY_SCRIPT)
         self._finalize = register_script(client, FINALIZE_SCRIPT)
         self._retire = register_script(client, RETIRE_WINDOW_SCRIPT)
+        self._fields: tuple[StateField, ...] = ()
 
     @classmethod
     def from_url(cls, url: str, run_id: str) -> StateStore:
@@ -338,7 +337,10 @@ class StateStore:
         return sorted(int(w) for w in self.client.smembers(self.keys.windows_open))
 
     def declared_fields(self) -> tuple[StateField, ...]:
-        return declared_fields(self.client, self.keys)
+        """:func:`declared_fields`, read once they are recorded: no apply may change them."""
+        if not self._fields:
+            self._fields = declared_fields(self.client, self.keys)
+        return self._fields
 
     def close_window(self, window: int, n_workers: int) -> WindowPartials:
         """Freeze a window (later records of it count as late) and read every worker's partial

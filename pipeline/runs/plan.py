@@ -208,8 +208,9 @@ class RunPlan:
             )
         if self.query and self.sum:
             raise ValueError("--query says the job's aggregates: drop --sum")
-        if self.trigger == config.REAL_TIME and (self.sum or self._aggregated()):
-            said = f"--query's {self._aggregated()[0]}" if self.query else "--sum"
+        aggregated = self._aggregated()
+        if self.trigger == config.REAL_TIME and (self.sum or aggregated):
+            said = f"--query's {aggregated[0]}" if aggregated else "--sum"
             raise ValueError(
                 f"{said} is for --trigger micro-batch: the real-time writer keeps counts only"
             )

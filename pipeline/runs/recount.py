@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.io import kafka_io, kafka_security, records
-from pipeline.io.extractors import Extractor, format_amount
+from pipeline.io.extractors import Extractor, format_amount, values_and_mask
 from pipeline.io.grouping_store import GroupingStore
 from pipeline.io.query.job import Column, Predicate
 from pipeline.io.query.predicate import kept
@@ -188,8 +188,9 @@ class ExtractWindows:
     window_ms: int
     #: The run's query's WHERE: a row it leaves out is ``passed`` false.
     where: Predicate | None = None
-    #: The columns of the run's state fields (None: ``--sum``'s amount), each yielded as
-    #: :func:`recount_column` names it, NULL where a record has no value.
+    #: The columns of the run's state fields (None: ``--sum``'s amount; the others must be
+    #: among the extractor's columns), each yielded as :func:`recount_column` names it, NULL
+    #: where a record has no value.
     columns: tuple[str | None, ...] = ()
     #: A query's columns, yielded under their names for Spark SQL (:mod:`.query_check`).
     view: tuple[Column, ...] = ()
@@ -213,9 +214,10 @@ class ExtractWindows:
             valid = extracted.reasons < 0
             passed = valid if self.where is None else kept(self.where, extracted.columns)
             windows = records.window_start(extracted.event_time_ms, self.window_ms)
-            read: dict[str | None, tuple[np.ndarray, np.ndarray]] = {}
-            if self.extractor.aggregated:
-                read.update(self.extractor.aggregated_values(batch.column("value")))
+            # A query's columns are among the extractor's own (recount() gives it them all).
+            read: dict[str | None, tuple[np.ndarray, np.ndarray]] = {
+                c: values_and_mask(extracted.columns[c]) for c in self.columns if c is not None
+            }
             if None in self.columns:
                 read[None] = (extracted.amount_micros, valid)
             values = [pa.array(read[c][0], pa.int64(), mask=~read[c][1]) for c in self.columns]
@@ -341,7 +343,9 @@ def recount(
     filtered = frame.filter(functions.col("valid") & ~functions.col("passed")).count()
     valid = frame.filter("valid AND passed")
     late_frame = spark.createDataFrame(late, "partition int, offset long")
-    kept = valid.join(late_frame, ["partition", "offset"], "left_anti")
+    # Every readable record but the late ones; those the WHERE keeps are what the run counted.
+    readable = frame.filter("valid").join(late_frame, ["partition", "offset"], "left_anti")
+    kept = readable.filter("passed")
     left_out = valid.count() - kept.count()
     spark_functions = {
         "count": functions.count,
@@ -367,13 +371,11 @@ def recount(
     sql_rows = None
     if job is not None:
         # The query itself on Spark SQL, over every readable record but the late ones: its
-        # WHERE, windows and aggregates are Spark's.
-        readable = frame.filter("valid").join(late_frame, ["partition", "offset"], "left_anti")
-        # Only the query's columns: the recount's own (``window`` among them) would shadow
-        # the query's names.
+        # WHERE, windows and aggregates are Spark's. Only the query's columns: the recount's
+        # own (``window`` among them) would shadow the query's names.
         names = [query_check.EVENT_TIME, *(c.name for c in view)]
-        readable = readable.select(*(functions.col(f"`{name}`") for name in names))
-        readable.createOrReplaceTempView(query_check.VIEW)
+        columns = readable.select(*(functions.col(f"`{name}`") for name in names))
+        columns.createOrReplaceTempView(query_check.VIEW)
         sql_rows = [tuple(row) for row in spark.sql(query_check.spark_sql_text(job)).collect()]
     frame.unpersist()
     return Recount(counts, values, total, left_out, invalid, filtered, sql_rows)

@@ -146,6 +146,7 @@ class Aggregator:
         self.options = options
         self.publish = publish
         self._job: Job | None = None
+        self._job_read = False
 
     def resume(self, published: Collection[int]) -> None:
         """Mark final windows whose records ``results`` holds already as published: an
@@ -158,10 +159,10 @@ class Aggregator:
     def job(self) -> Job | None:
         """The run's query, once its grouping stage has recorded how it reads its topic (it
         has by the time any window is final); None for a run without one."""
-        if self._job is None:
+        if not self._job_read:
             found = user_topic.recorded(self.store.client, self.store.keys.run_id)
-            if found is not None:
-                self._job = found[0].job
+            if found is not None:  # recorded once, before any record is routed: final
+                self._job, self._job_read = found[0].job, True
         return self._job
 
     def check_config(self) -> None:

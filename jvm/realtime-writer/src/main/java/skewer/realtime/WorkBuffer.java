@@ -97,7 +97,7 @@ final class WorkBuffer {
       switch (row.kind) {
         case WorkRecord.DATA:
           long window = Math.floorDiv(row.eventTimeMs, windowMs) * windowMs;
-          // In (window, key bytes unsigned) order, as WorkerBatch.script_args sends them.
+          // In (window, key bytes unsigned) order: the order of tests/vectors/apply_args.tsv.
           pairs.computeIfAbsent(window, w -> new TreeMap<>(WorkBuffer::compareKeys))
               .computeIfAbsent(ByteBuffer.wrap(row.key), k -> new long[1])[0] += 1;
           latency.computeIfAbsent(latencyBucket(nowMs - row.timestampMs), b -> new long[1])[0] += 1;
